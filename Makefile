@@ -1,0 +1,35 @@
+# Two set-up commands: `make demo` (main job, no torch) and `make test` (everything the tests need).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# torch: the CPU wheel (2.13.0) unless a CUDA driver is present; an unpinned torch pulls a multi-GB CUDA build.
+TORCH_PIN := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "torch" || echo "torch==2.13.0")
+
+.PHONY: demo test lint bench clean
+
+$(VENV)/.core: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.full: $(VENV)/.core
+	$(PIP) install -q "$(TORCH_PIN)"
+	$(PIP) install -q -e ".[runtime,dev]" "$(TORCH_PIN)"
+	touch $@
+
+demo: $(VENV)/.core
+	$(VENV)/bin/rlfleet costs decode --gpu H100 --model llama-3.1-8b --tp 1 --batch 256 --context 2048
+
+test: $(VENV)/.full
+	$(VENV)/bin/ruff check traces sim planner runtime tests bench
+	$(PY) -m pytest tests
+
+lint: $(VENV)/.full
+	$(VENV)/bin/ruff check traces sim planner runtime tests bench
+
+bench: $(VENV)/.core
+	$(PY) bench/costmodel_speed.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

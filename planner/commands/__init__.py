@@ -1,0 +1,1 @@
+"""One module per `rlfleet` sub-command; each has register(subparsers)."""

@@ -1,0 +1,184 @@
+"""`rlfleet costs`: price one stage on one GPU type with the cost model."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import numpy as np
+
+from planner.cli import emit, positive_float, positive_int
+from traces import CostModel, GpuType, ModelSpec, SpecError, get_gpu, get_model
+from traces.cluster import DEFAULT_INTER_NODE_GB_PER_S
+from traces.costmodel.roofline import train_flops_per_token
+
+NODE_TP = (1, 2, 4, 8)
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("costs", help="price decode, prefill, train or sync with the cost model")
+    stages = p.add_subparsers(dest="stage", required=True, metavar="STAGE")
+
+    d = stages.add_parser("decode", help="seconds for one decode iteration of B sequences at mean context L")
+    _common(d)
+    d.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree (default 1)")
+    d.add_argument("--batch", type=positive_int, required=True, help="running sequences B")
+    d.add_argument("--context", type=positive_int, required=True, help="mean context length L, tokens")
+    d.set_defaults(handler=decode)
+
+    f = stages.add_parser("prefill", help="seconds to prefill N prompt tokens")
+    _common(f)
+    f.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree (default 1)")
+    f.add_argument("--tokens", type=positive_int, required=True, help="prompt tokens N")
+    f.set_defaults(handler=prefill)
+
+    t = stages.add_parser("train", help="seconds for one optimizer step over N tokens")
+    _common(t)
+    t.add_argument("--dp", type=positive_int, default=1, help="data-parallel degree")
+    t.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
+    t.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel degree")
+    t.add_argument("--tokens", type=positive_int, required=True, help="tokens per optimizer step N")
+    t.add_argument("--seq-len", type=positive_int, default=4096, help="tokens per sequence (default 4096)")
+    t.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=3, help="ZeRO/FSDP stage (default 3)")
+    t.add_argument("--recompute", choices=("none", "selective", "full"), default="selective",
+                   help="activation recomputation (default selective)")
+    t.add_argument("--gpus-per-node", type=positive_int, default=8)
+    t.add_argument("--inter-node-gb-per-s", type=positive_float, default=DEFAULT_INTER_NODE_GB_PER_S,
+                   help="per-GPU network bandwidth between nodes, GB/s")
+    t.set_defaults(handler=train)
+
+    s = stages.add_parser("sync", help="seconds to push new weights from a trainer to K engines")
+    s.add_argument("--from", dest="src", required=True, help="trainer GPU type")
+    s.add_argument("--to", dest="dst", required=True, help="rollout GPU type")
+    s.add_argument("--model", required=True, help="model preset (see rlfleet catalog)")
+    s.add_argument("--engines", type=positive_int, default=1, help="receiving engines K (default 1)")
+    s.add_argument("--link-gb-per-s", type=positive_float, default=None,
+                   help=f"path bandwidth, GB/s (default: intra-node link for one type, "
+                        f"{DEFAULT_INTER_NODE_GB_PER_S:g} GB/s between types)")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.set_defaults(handler=sync)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu", required=True, help="GPU type (see rlfleet catalog)")
+    p.add_argument("--model", required=True, help="model preset (see rlfleet catalog)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _engine_fit_check(cm: CostModel, gpu: GpuType, model: ModelSpec, tp: int) -> bool:
+    """True if one sequence fits at this TP; a SpecError if no TP within a node fits at all."""
+    if tp > model.heads:
+        raise SpecError(f"--tp {tp} exceeds the {model.heads} attention heads of {model.name}; lower --tp")
+    if float(cm.kv_capacity_tokens(gpu, model, tp)) >= 1:
+        return True
+    fitting = [t for t in NODE_TP if float(cm.kv_capacity_tokens(gpu, model, t)) >= 1]
+    if not fitting:
+        raise SpecError(
+            f"{model.name} ({model.weight_bytes / 1e9:.0f} GB of weights) fits no engine on {gpu.name}: "
+            f"even TP8 leaves no room for a KV cache in 8 x {gpu.hbm_gb:.0f} GB; use a GPU with more memory"
+        )
+    return False
+
+
+def _fit_hint(cm: CostModel, gpu: GpuType, model: ModelSpec) -> str:
+    fitting = [t for t in NODE_TP if float(cm.kv_capacity_tokens(gpu, model, t)) >= 1]
+    return f"does not fit; the smallest TP that fits is {fitting[0]}" if fitting else "does not fit"
+
+
+def decode(args: argparse.Namespace) -> int:
+    cm, gpu, model = CostModel(), get_gpu(args.gpu), get_model(args.model)
+    weights_fit = _engine_fit_check(cm, gpu, model, args.tp)
+    est = cm.decode(gpu, model, args.tp, args.batch, args.context)
+    capacity = float(cm.kv_capacity_tokens(gpu, model, args.tp))
+    max_batch = int(cm.max_batch(gpu, model, args.tp, args.context))
+    fits = weights_fit and args.batch * args.context <= capacity
+    seconds = float(est.seconds)
+    obj = {
+        "stage": "decode", "gpu": gpu.name, "model": model.name, "tp": args.tp, "batch": args.batch,
+        "context": args.context, "seconds": seconds, "source": str(est.source), "fits": fits,
+        "max_batch": max_batch, "kv_capacity_tokens": int(capacity), "tokens_per_s": args.batch / seconds,
+    }
+    note = "fits" if fits else (_fit_hint(cm, gpu, model) if not weights_fit else
+                                f"does not fit: KV cache holds {int(capacity)} tokens, at most {max_batch} sequences")
+    emit(obj, args.json, [
+        f"decode {model.name} on {gpu.name} TP{args.tp}, batch {args.batch} at context {args.context}:",
+        f"  {seconds * 1e3:.2f} ms per iteration ({args.batch / seconds:,.0f} tokens/s)  [source: {est.source}]",
+        f"  memory: {note}; KV cache {int(capacity):,} tokens, max batch at this context {max_batch}",
+    ])
+    return 0
+
+
+def prefill(args: argparse.Namespace) -> int:
+    cm, gpu, model = CostModel(), get_gpu(args.gpu), get_model(args.model)
+    fits = _engine_fit_check(cm, gpu, model, args.tp)
+    est = cm.prefill(gpu, model, args.tp, args.tokens)
+    seconds = float(est.seconds)
+    obj = {"stage": "prefill", "gpu": gpu.name, "model": model.name, "tp": args.tp, "tokens": args.tokens,
+           "seconds": seconds, "source": str(est.source), "fits": fits, "tokens_per_s": args.tokens / seconds}
+    emit(obj, args.json, [
+        f"prefill {args.tokens} tokens of {model.name} on {gpu.name} TP{args.tp}:",
+        f"  {seconds * 1e3:.2f} ms ({args.tokens / seconds:,.0f} tokens/s)  [source: {est.source}]",
+        f"  memory: {'fits' if fits else _fit_hint(cm, gpu, model)}",
+    ])
+    return 0
+
+
+def _max_sequences(cm: CostModel, gpu: GpuType, model: ModelSpec, args: argparse.Namespace) -> int:
+    """Most sequences of --seq-len per micro-batch that fit memory (0: not even one)."""
+    n = np.arange(1, 1025)
+    mem = cm.train_memory_bytes(gpu, model, args.dp, args.tp, args.pp, microbatch_tokens=n * args.seq_len,
+                                seq_len=args.seq_len, zero_stage=args.zero_stage, recompute=args.recompute)
+    ok = n[mem <= gpu.hbm_bytes]
+    return int(ok.max()) if ok.size else 0
+
+
+def train(args: argparse.Namespace) -> int:
+    cm, gpu, model = CostModel(), get_gpu(args.gpu), get_model(args.model)
+    if args.pp > model.layers:
+        raise SpecError(f"--pp {args.pp} exceeds the {model.layers} layers of {model.name}; lower --pp")
+    if args.tp > model.heads:
+        raise SpecError(f"--tp {args.tp} exceeds the {model.heads} attention heads of {model.name}; lower --tp")
+    mb = min(args.seq_len, args.tokens)
+    kw = {"seq_len": args.seq_len, "zero_stage": args.zero_stage, "recompute": args.recompute}
+    est = cm.train(gpu, model, args.dp, args.tp, args.pp, args.tokens, microbatch_tokens=mb,
+                   gpus_per_node=args.gpus_per_node, inter_node_bytes_per_s=args.inter_node_gb_per_s * 1e9, **kw)
+    memory = float(cm.train_memory_bytes(gpu, model, args.dp, args.tp, args.pp, microbatch_tokens=mb, **kw))
+    fits = memory <= gpu.hbm_bytes
+    seconds = float(est.seconds)
+    gpus = args.dp * args.tp * args.pp
+    mfu = float(train_flops_per_token(model, args.seq_len)) * args.tokens / (seconds * gpus * gpu.bf16_flops)
+    obj = {
+        "stage": "train", "gpu": gpu.name, "model": model.name, "dp": args.dp, "tp": args.tp, "pp": args.pp,
+        "tokens": args.tokens, "seconds": seconds, "source": str(est.source), "fits": fits,
+        "memory_bytes_per_gpu": memory, "max_batch": _max_sequences(cm, gpu, model, args), "mfu": mfu,
+        "tokens_per_s": args.tokens / seconds,
+    }
+    verdict = "fits" if fits else "does NOT fit: raise --dp (ZeRO-3 shards states), --tp or --pp"
+    emit(obj, args.json, [
+        f"train {model.name} on {gpus} x {gpu.name} (dp{args.dp} tp{args.tp} pp{args.pp}), {args.tokens:,} tokens:",
+        f"  {seconds:.3f} s per optimizer step ({args.tokens / seconds:,.0f} tokens/s, MFU {mfu:.1%})"
+        f"  [source: {est.source}]",
+        f"  memory: {memory / 1e9:.1f} GB per GPU of {gpu.hbm_gb:.0f} GB, {verdict}; "
+        f"max {obj['max_batch']} sequences of {args.seq_len} per micro-batch",
+    ])
+    return 0
+
+
+def sync(args: argparse.Namespace) -> int:
+    cm, src, dst, model = CostModel(), get_gpu(args.src), get_gpu(args.dst), get_model(args.model)
+    if args.link_gb_per_s is not None:
+        path = args.link_gb_per_s * 1e9
+    elif src.name == dst.name:
+        path = src.link_bytes_per_s  # same node type: assume the intra-node link
+    else:
+        path = DEFAULT_INTER_NODE_GB_PER_S * 1e9
+    est = cm.sync(src, model, args.engines, path)
+    seconds = float(est.seconds)
+    obj = {"stage": "sync", "from": src.name, "to": dst.name, "model": model.name, "engines": args.engines,
+           "seconds": seconds, "source": str(est.source), "bytes": model.weight_bytes, "path_bytes_per_s": path}
+    emit(obj, args.json, [
+        f"sync {model.name} ({model.weight_bytes / 1e9:.1f} GB) from {src.name} to {args.engines} {dst.name} "
+        f"engine(s) over {path / 1e9:.0f} GB/s:",
+        f"  {seconds:.3f} s  [source: {est.source}]",
+    ])
+    return 0

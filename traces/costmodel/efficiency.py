@@ -1,0 +1,45 @@
+"""Fitted efficiency factors of the roofline, with the calibration rows they came from.
+
+Rows refer to ../shared/calibration.md; tests/test_calibration.py checks each row.
+Only those rows were used to set these numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    # Fraction of the GPU's achievable matmul rate (peak x GpuType.matmul_ceiling) that serving
+    # GEMMs reach (prefill and decode). Fitted jointly to K1/K2 (vLLM/SGLang on ShareGPT, A100)
+    # and K3 (TensorRT-LLM static batch, A100) by a grid search (tests/calibration_cases.py).
+    matmul: float = 0.50
+    # Fraction of HBM bandwidth that decode reaches while streaming weights and KV (K1-K3;
+    # K9's ~90% copy rate is the ceiling).
+    memory: float = 0.70
+    # Fixed cost per decode iteration (scheduling, sampling, kernel launches), seconds (K1/K2).
+    decode_overhead_s: float = 0.004
+    # Fraction of the achievable matmul rate the training step reaches, non-matmul ops included.
+    # Fitted to K4 (torchtitan FSDP, A100) and K5 (Megatron TP/PP, H100, with Hopper's K8 ceiling).
+    train_matmul: float = 0.67
+    # Share of data-parallel gradient/parameter traffic hidden behind compute (K4, K5).
+    comm_overlap: float = 0.8
+    # Latency of one collective call, seconds (TP all-reduces, per-tensor sync).
+    collective_latency_s: float = 1e-5
+    # Weight sync: fixed cost (pause engines, version bump) and cost per named tensor (K7).
+    sync_fixed_s: float = 0.05
+    sync_per_tensor_s: float = 4e-4
+    # Engine memory: share of HBM the engine may use (vLLM's gpu_memory_utilization) and the
+    # activation/workspace reserve per GPU.
+    engine_memory_fraction: float = 0.9
+    engine_reserve_bytes: float = 2e9
+    # vLLM's default cap on running sequences per engine.
+    max_num_seqs: int = 256
+    # Prefill is chunked: tokens priced together per chunk (vLLM max_num_batched_tokens).
+    prefill_chunk_tokens: int = 8192
+    # Trainer memory reserve per GPU (CUDA context, NCCL buffers, fragmentation).
+    train_reserve_bytes: float = 3e9
+
+
+DEFAULT_EFFICIENCY = Efficiency()

@@ -1,0 +1,154 @@
+"""Profiled cost tables: CSV rows of measured seconds, interpolated in log space.
+
+Columns: gpu_type, model, stage, tp, pp, dp, batch, context, tokens, seconds, source.
+Inside the measured range a query is interpolated (log seconds over log axes); outside it the
+table says so, and the cost model scales the roofline to the nearest measured point.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.interpolate import LinearNDInterpolator
+from scipy.spatial import QhullError, cKDTree
+
+from traces.errors import SpecError
+from traces.hardware import get_gpu
+
+COLUMNS = ("gpu_type", "model", "stage", "tp", "pp", "dp", "batch", "context", "tokens", "seconds", "source")
+# What a row is keyed by (must match exactly) and what it is interpolated over.
+KEYS: dict[str, tuple[str, ...]] = {
+    "decode": ("tp",),
+    "prefill": ("tp",),
+    "train": ("dp", "tp", "pp"),
+    "logprob": ("dp", "tp", "pp"),
+    "sync": (),
+}
+AXES: dict[str, tuple[str, ...]] = {
+    "decode": ("batch", "context"),
+    "prefill": ("tokens",),
+    "train": ("tokens",),
+    "logprob": ("tokens",),
+    "sync": ("batch",),  # batch = number of receiving engines
+}
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """Interpolated seconds (NaN where outside the table) and, per query, the nearest row."""
+
+    seconds: np.ndarray
+    nearest_axes: dict[str, np.ndarray]
+    nearest_seconds: np.ndarray
+
+
+@dataclass(frozen=True)
+class ProfileTable:
+    frame: pd.DataFrame = field(repr=False)
+
+    @classmethod
+    def empty(cls) -> ProfileTable:
+        return cls(pd.DataFrame(columns=list(COLUMNS)))
+
+    @classmethod
+    def from_csv(cls, *paths: str | os.PathLike[str]) -> ProfileTable:
+        frames = [_read_csv(Path(p)) for p in paths]
+        return cls.from_frame(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(COLUMNS)))
+
+    @classmethod
+    def shipped(cls) -> ProfileTable:
+        """Every CSV under traces/data/profiles/."""
+        root = resources.files("traces").joinpath("data", "profiles")
+        frames = [
+            _read_text(entry.read_text(encoding="utf-8"), entry.name)
+            for entry in sorted(root.iterdir(), key=lambda e: e.name)
+            if entry.name.endswith(".csv")
+        ]
+        if not frames:
+            return cls.empty()
+        return cls.from_frame(pd.concat(frames, ignore_index=True))
+
+    @classmethod
+    def from_frame(cls, frame: pd.DataFrame, origin: str = "profile table") -> ProfileTable:
+        missing = [c for c in COLUMNS if c not in frame.columns]
+        if missing:
+            raise SpecError(f"{origin}: missing columns {', '.join(missing)}; expected {','.join(COLUMNS)}")
+        out = frame[list(COLUMNS)].copy()
+        bad_stage = set(out["stage"]) - set(KEYS)
+        if bad_stage:
+            raise SpecError(f"{origin}: unknown stage {sorted(bad_stage)[0]!r}; use one of {', '.join(KEYS)}")
+        for col in ("tp", "pp", "dp", "batch", "context", "tokens", "seconds"):
+            out[col] = pd.to_numeric(out[col], errors="coerce").fillna(0)
+        if (out["seconds"] <= 0).any():
+            raise SpecError(f"{origin}: every row needs seconds > 0")
+        out["gpu_type"] = [get_gpu(str(g)).name for g in out["gpu_type"]]
+        out["model"] = out["model"].astype(str).str.lower()
+        return cls(out.reset_index(drop=True))
+
+    def __len__(self) -> int:
+        return len(self.frame)
+
+    def rows(self, stage: str, gpu_type: str, model: str) -> pd.DataFrame:
+        f = self.frame
+        return f[(f["stage"] == stage) & (f["gpu_type"] == gpu_type) & (f["model"] == model.lower())]
+
+    def lookup(self, rows: pd.DataFrame, stage: str, axes: dict[str, np.ndarray]) -> Lookup:
+        """Interpolate `rows` (already filtered to one key) at the query points."""
+        names = AXES[stage]
+        grouped = rows.groupby(list(names), as_index=False)["seconds"].mean()
+        pts = np.log(np.maximum(grouped[list(names)].to_numpy(dtype=float), 1.0))
+        vals = np.log(grouped["seconds"].to_numpy(dtype=float))
+        query = np.log(np.maximum(np.stack([np.asarray(axes[n], float) for n in names], axis=-1), 1.0))
+        flat = query.reshape(-1, len(names))
+        seconds = np.exp(_interpolate(pts, vals, flat)).reshape(query.shape[:-1])
+        _, idx = cKDTree(pts).query(flat)
+        nearest = {n: grouped[n].to_numpy(dtype=float)[idx].reshape(query.shape[:-1]) for n in names}
+        return Lookup(seconds, nearest, grouped["seconds"].to_numpy(dtype=float)[idx].reshape(query.shape[:-1]))
+
+
+def _interpolate(pts: np.ndarray, vals: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """Linear interpolation in log space; NaN outside the measured range."""
+    if pts.shape[1] == 1 or len(pts) < 3:
+        return _interp_1d(pts, vals, query)
+    spread = [np.unique(pts[:, j]).size for j in range(pts.shape[1])]
+    if min(spread) == 1:  # measured along one axis only: 1-D on the other, exact match on this one
+        fixed = int(np.argmin(spread))
+        free = 1 - fixed
+        out = _interp_1d(pts[:, [free]], vals, query[:, [free]])
+        return np.where(np.isclose(query[:, fixed], pts[0, fixed]), out, np.nan)
+    try:
+        return LinearNDInterpolator(pts, vals)(query)
+    except QhullError:
+        return np.full(len(query), np.nan)
+
+
+def _interp_1d(pts: np.ndarray, vals: np.ndarray, query: np.ndarray) -> np.ndarray:
+    x = pts[:, 0]
+    order = np.argsort(x)
+    x, y = x[order], vals[order]
+    q = query[:, 0]
+    out = np.interp(q, x, y)
+    inside = (q >= x[0] - 1e-9) & (q <= x[-1] + 1e-9)
+    return np.where(inside, out, np.nan)
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    try:
+        return _read_text(path.read_text(encoding="utf-8"), str(path))
+    except FileNotFoundError:
+        raise SpecError(f"{path}: profile table not found") from None
+
+
+def _read_text(text: str, origin: str) -> pd.DataFrame:
+    from io import StringIO
+
+    try:
+        frame = pd.read_csv(StringIO(text), comment="#")
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise SpecError(f"{origin}: not a profile CSV ({str(exc).splitlines()[0]})") from None
+    return ProfileTable.from_frame(frame, origin).frame

@@ -1,0 +1,150 @@
+"""The plan format: which GPUs generate, which train, with what parallelism.
+
+A plan is a JSON file with a ``schema_version``; ``Plan.from_json(p.to_json()) == p``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from traces.errors import SpecError
+from traces.hardware import get_gpu
+from traces.io import atomic_write_text, load_yaml, validate
+
+SCHEMA_VERSION = 1
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+def _canonical_gpu(value: Any) -> Any:
+    return get_gpu(value).name if isinstance(value, str) else value
+
+
+class RolloutGroup(BaseModel):
+    """`instances` inference engines of `tp` GPUs each, all of one type."""
+
+    model_config = _FROZEN
+
+    gpu_type: str
+    tp: int = Field(default=1, ge=1, le=64)
+    instances: int = Field(ge=1, le=1_000_000)
+    nodes: tuple[int, ...] = Field(default=(), description="concrete node indices, if placed")
+
+    _gpu = field_validator("gpu_type", mode="before")(_canonical_gpu)
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.instances
+
+
+class TrainerGroup(BaseModel):
+    """One trainer: dp x tp x pp GPUs of one type (ZeRO/FSDP shards across dp)."""
+
+    model_config = _FROZEN
+
+    gpu_type: str
+    dp: int = Field(default=1, ge=1, le=1_000_000)
+    tp: int = Field(default=1, ge=1, le=64)
+    pp: int = Field(default=1, ge=1, le=1024)
+    zero_stage: Literal[0, 1, 2, 3] = 3
+    recompute: Literal["none", "selective", "full"] = "selective"
+    nodes: tuple[int, ...] = ()
+
+    _gpu = field_validator("gpu_type", mode="before")(_canonical_gpu)
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp
+
+
+class Plan(BaseModel):
+    model_config = _FROZEN
+
+    schema_version: int = SCHEMA_VERSION
+    cluster: str = ""
+    workload: str = ""
+    model: str = ""
+    mode: Literal["async", "sync", "colocated"] = "async"
+    staleness: int = Field(default=0, ge=0, le=1000)
+    rollout: tuple[RolloutGroup, ...] = Field(min_length=1, max_length=1000)
+    trainer: TrainerGroup
+    max_concurrent_rollouts: int | None = Field(default=None, ge=1, le=100_000_000)
+    predicted: dict[str, float] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> Plan:
+        if self.schema_version != SCHEMA_VERSION:
+            raise ValueError(
+                f"schema_version {self.schema_version} is not supported (this rlfleet reads {SCHEMA_VERSION})"
+            )
+        if self.mode != "async" and self.staleness > 0:
+            raise ValueError(f"staleness {self.staleness} contradicts mode '{self.mode}'; set 0 or use async")
+        return self
+
+    @property
+    def gpus_by_type(self) -> dict[str, dict[str, int]]:
+        """{gpu_type: {"rollout": n, "train": n}}; colocated plans count the shared GPUs once."""
+        out: dict[str, dict[str, int]] = {}
+        for group in self.rollout:
+            out.setdefault(group.gpu_type, {"rollout": 0, "train": 0})["rollout"] += group.gpus
+        out.setdefault(self.trainer.gpu_type, {"rollout": 0, "train": 0})["train"] += self.trainer.gpus
+        return out
+
+    @property
+    def total_gpus(self) -> int:
+        if self.mode == "colocated":
+            return self.trainer.gpus
+        return sum(g.gpus for g in self.rollout) + self.trainer.gpus
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, origin: str = "plan") -> Plan:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"{origin}:{exc.lineno}: JSON syntax error: {exc.msg}") from None
+        return validate(cls, data, origin)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        atomic_write_text(path, self.to_json())
+
+    # ---- exports -------------------------------------------------------------------------
+    def areal_allocation_mode(self, backend: str = "vllm") -> str:
+        """AReaL's allocation-mode string, e.g. ``vllm:d4t2+fsdp:d8``.
+
+        AReaL describes one rollout TP degree; plans whose groups differ in TP get one string
+        per GPU type from :meth:`areal_allocation_modes`.
+        """
+        tps = {g.tp for g in self.rollout}
+        if len(tps) != 1:
+            raise SpecError(
+                "rollout groups use different TP degrees; AReaL's allocation mode has one: "
+                "use areal_allocation_modes() for one string per GPU type"
+            )
+        engines = sum(g.instances for g in self.rollout)
+        gen = f"{backend}:d{engines}t{tps.pop()}"
+        if self.mode == "colocated":
+            return f"{gen}|{self._areal_trainer()}"
+        return f"{gen}+{self._areal_trainer()}"
+
+    def areal_allocation_modes(self, backend: str = "vllm") -> dict[str, str]:
+        """One AReaL rollout string per GPU type, plus the trainer under key 'trainer'."""
+        out = {g.gpu_type: f"{backend}:d{g.instances}t{g.tp}" for g in self.rollout}
+        out["trainer"] = self._areal_trainer()
+        return out
+
+    def _areal_trainer(self) -> str:
+        t = self.trainer
+        if t.tp == 1 and t.pp == 1:
+            return f"fsdp:d{t.dp}"
+        return f"megatron:d{t.dp}p{t.pp}t{t.tp}"
+
+
+def load_plan(path: str | os.PathLike[str]) -> Plan:
+    data = load_yaml(path)  # JSON is YAML; this gives the same file/line errors
+    return validate(Plan, data, str(path))

@@ -1,0 +1,227 @@
+"""The RL job: model, algorithm, batch shape, length distributions, mode."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from scipy.stats import norm
+
+from traces.errors import SpecError
+from traces.io import data_files, data_text, load_yaml, load_yaml_text, validate
+from traces.models import ModelSpec, resolve_model
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+MAX_TOKENS = 1_048_576  # longest sequence we accept: 1M tokens
+
+
+class LengthDist(BaseModel):
+    """A token-length distribution.
+
+    kind: fixed (value) | uniform (low..high inclusive) | lognormal (mean, sigma, cap) |
+    empirical (lengths + counts: a histogram; or `file:` a CSV with columns length,count).
+    RL response lengths are long-tailed and the tail decides step time, hence lognormal/empirical.
+    """
+
+    model_config = _FROZEN
+
+    kind: Literal["fixed", "uniform", "lognormal", "empirical"]
+    value: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    low: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    high: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    mean: float | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    sigma: float | None = Field(default=None, gt=0, le=5)
+    cap: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    lengths: tuple[int, ...] | None = Field(default=None, min_length=1, max_length=100_000)
+    counts: tuple[float, ...] | None = Field(default=None, min_length=1, max_length=100_000)
+
+    @model_validator(mode="after")
+    def _check(self) -> LengthDist:
+        need = {
+            "fixed": ("value",),
+            "uniform": ("low", "high"),
+            "lognormal": ("mean", "sigma", "cap"),
+            "empirical": ("lengths", "counts"),
+        }[self.kind]
+        for field in need:
+            if getattr(self, field) is None:
+                raise ValueError(f"a {self.kind} length distribution needs '{field}'")
+        if self.kind == "uniform" and self.low > self.high:  # type: ignore[operator]
+            raise ValueError(f"uniform: low ({self.low}) must not exceed high ({self.high})")
+        if self.kind == "lognormal" and self.mean > self.cap:  # type: ignore[operator]
+            raise ValueError(f"lognormal: mean ({self.mean}) must not exceed cap ({self.cap})")
+        if self.kind == "empirical":
+            assert self.lengths is not None and self.counts is not None
+            if len(self.lengths) != len(self.counts):
+                raise ValueError("empirical: lengths and counts must have the same number of entries")
+            if any(x < 1 or x > MAX_TOKENS for x in self.lengths):
+                raise ValueError(f"empirical: lengths must lie in 1..{MAX_TOKENS}")
+            if any(c < 0 or not math.isfinite(c) for c in self.counts) or sum(self.counts) <= 0:
+                raise ValueError("empirical: counts must be non-negative and not all zero")
+        return self
+
+    # Lognormal parameters such that the *uncapped* mean equals `mean`.
+    def _mu(self) -> float:
+        assert self.mean is not None and self.sigma is not None
+        return math.log(self.mean) - self.sigma**2 / 2
+
+    @property
+    def max(self) -> int:
+        if self.kind == "fixed":
+            return int(self.value)  # type: ignore[arg-type]
+        if self.kind == "uniform":
+            return int(self.high)  # type: ignore[arg-type]
+        if self.kind == "lognormal":
+            return int(self.cap)  # type: ignore[arg-type]
+        return int(max(self.lengths))  # type: ignore[arg-type]
+
+    def expected(self) -> float:
+        """Mean length (capping included)."""
+        if self.kind == "fixed":
+            return float(self.value)  # type: ignore[arg-type]
+        if self.kind == "uniform":
+            return (self.low + self.high) / 2  # type: ignore[operator]
+        if self.kind == "empirical":
+            lengths, counts = np.asarray(self.lengths, float), np.asarray(self.counts, float)
+            return float((lengths * counts).sum() / counts.sum())
+        # E[min(X, c)] for lognormal X: exp(mu + s^2/2) Phi((ln c - mu - s^2)/s) + c (1 - Phi((ln c - mu)/s)).
+        mu, s, c = self._mu(), float(self.sigma), float(self.cap)  # type: ignore[arg-type]
+        z = (math.log(c) - mu) / s
+        return math.exp(mu + s * s / 2) * float(norm.cdf(z - s)) + c * float(norm.sf(z))
+
+    def expected_square(self) -> float:
+        """E[L^2], used for the mean context a sequence sees while it decodes."""
+        samples = self.sample(np.random.default_rng(0), 20_000) if self.kind != "fixed" else None
+        if samples is None:
+            return float(self.value) ** 2  # type: ignore[operator]
+        return float(np.mean(samples.astype(float) ** 2))
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """n integer lengths."""
+        if self.kind == "fixed":
+            return np.full(n, self.value, dtype=np.int64)
+        if self.kind == "uniform":
+            return rng.integers(self.low, self.high + 1, size=n)  # type: ignore[operator]
+        if self.kind == "lognormal":
+            raw = rng.lognormal(self._mu(), self.sigma, size=n)
+            return np.clip(np.rint(raw), 1, self.cap).astype(np.int64)
+        lengths = np.asarray(self.lengths, dtype=np.int64)
+        p = np.asarray(self.counts, float)
+        return rng.choice(lengths, size=n, p=p / p.sum())
+
+
+class Workload(BaseModel):
+    """One RL post-training job."""
+
+    model_config = _FROZEN
+
+    name: str = Field(default="workload", max_length=128)
+    model: ModelSpec
+    algorithm: Literal["grpo", "ppo"] = "grpo"
+    prompts_per_step: int = Field(ge=1, le=1_000_000)
+    group_size: int = Field(default=8, ge=1, le=4096, description="responses per prompt (GRPO n)")
+    prompt_len: LengthDist
+    response_len: LengthDist
+    mode: Literal["async", "sync", "colocated"] = "async"
+    staleness: int = Field(default=0, ge=0, le=1000, description="max policy-version lag (eta)")
+    interruptible: bool = True
+    reward_seconds: float = Field(default=0.0, ge=0, le=3600, description="reward latency per sample")
+    ppo_minibatches: int = Field(default=1, ge=1, le=1024)
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return resolve_model(value)
+        return value
+
+    @field_validator("algorithm", "mode", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _check(self) -> Workload:
+        if self.mode != "async" and self.staleness > 0:
+            raise ValueError(
+                f"staleness {self.staleness} contradicts mode '{self.mode}' (on-policy): "
+                "set staleness: 0 or mode: async"
+            )
+        if self.ppo_minibatches > self.samples_per_step:
+            raise ValueError(
+                f"ppo_minibatches ({self.ppo_minibatches}) exceeds samples per step "
+                f"({self.samples_per_step}); lower it"
+            )
+        if self.prompt_len.max + self.response_len.max > MAX_TOKENS:
+            raise ValueError(f"prompt_len.max + response_len.max exceeds {MAX_TOKENS} tokens")
+        return self
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.prompt_len.max + self.response_len.max
+
+    @property
+    def mean_tokens_per_sample(self) -> float:
+        return self.prompt_len.expected() + self.response_len.expected()
+
+
+def _inline_histograms(data: Any, base: Path) -> Any:
+    """Replace `file:` in empirical length distributions by the CSV's lengths and counts."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for key in ("prompt_len", "response_len"):
+        dist = out.get(key)
+        if isinstance(dist, dict) and "file" in dist:
+            dist = dict(dist)
+            path = base / str(dist.pop("file"))
+            lengths, counts = read_histogram(path)
+            out[key] = {**dist, "lengths": lengths, "counts": counts}
+    return out
+
+
+def read_histogram(path: Path) -> tuple[list[int], list[float]]:
+    """A length histogram CSV: header `length,count`, one bin per row."""
+    import pandas as pd
+
+    try:
+        frame = pd.read_csv(path)
+    except FileNotFoundError:
+        raise SpecError(f"{path}: histogram file not found; the path is relative to the workload file") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{path}: not a CSV histogram ({str(exc).splitlines()[0]})") from None
+    missing = {"length", "count"} - set(frame.columns)
+    if missing:
+        raise SpecError(f"{path}: histogram needs columns length,count; missing {', '.join(sorted(missing))}")
+    try:
+        return [int(x) for x in frame["length"]], [float(x) for x in frame["count"]]
+    except (TypeError, ValueError):
+        raise SpecError(f"{path}: length and count must be numbers") from None
+
+
+def workload_from_dict(data: Any, origin: str, base: Path | None = None) -> Workload:
+    return validate(Workload, _inline_histograms(data, base or Path.cwd()), origin)
+
+
+def load_workload(path: str | os.PathLike[str]) -> Workload:
+    p = Path(path)
+    return workload_from_dict(load_yaml(p), str(p), p.parent)
+
+
+def example_workloads() -> list[str]:
+    return [name.removesuffix(".yaml") for name in data_files("workloads")]
+
+
+def example_workload(name: str) -> Workload:
+    if name not in example_workloads():
+        raise SpecError(f"unknown example workload '{name}'; known: {', '.join(example_workloads())}")
+    text = data_text(f"workloads/{name}.yaml")
+    return workload_from_dict(load_yaml_text(text, f"{name}.yaml"), f"{name}.yaml")
