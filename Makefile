@@ -19,7 +19,7 @@ $(VENV)/.full: $(VENV)/.core
 	touch $@
 
 demo: $(VENV)/.core
-	$(VENV)/bin/rlfleet costs decode --gpu H100 --model llama-3.1-8b --tp 1 --batch 256 --context 2048
+	$(VENV)/bin/rlfleet costs decode --gpu H100 --model llama-3.1-8b --tp 1 --batch 128 --context 2048
 
 test: $(VENV)/.full
 	$(VENV)/bin/ruff check traces sim planner runtime tests bench

@@ -98,12 +98,16 @@ def decode(args: argparse.Namespace) -> int:
         "context": args.context, "seconds": seconds, "source": str(est.source), "fits": fits,
         "max_batch": max_batch, "kv_capacity_tokens": int(capacity), "tokens_per_s": args.batch / seconds,
     }
-    note = "fits" if fits else (_fit_hint(cm, gpu, model) if not weights_fit else
-                                f"does not fit: KV cache holds {int(capacity)} tokens, at most {max_batch} sequences")
+    if fits:
+        note = f"fits; KV cache {int(capacity):,} tokens, max batch at this context {max_batch}"
+    elif weights_fit:
+        note = f"does NOT fit: the KV cache holds {int(capacity):,} tokens, at most {max_batch} sequences"
+    else:
+        note = _fit_hint(cm, gpu, model)
     emit(obj, args.json, [
         f"decode {model.name} on {gpu.name} TP{args.tp}, batch {args.batch} at context {args.context}:",
         f"  {seconds * 1e3:.2f} ms per iteration ({args.batch / seconds:,.0f} tokens/s)  [source: {est.source}]",
-        f"  memory: {note}; KV cache {int(capacity):,} tokens, max batch at this context {max_batch}",
+        f"  memory: {note}",
     ])
     return 0
 
