@@ -1,0 +1,92 @@
+"""Stage costs of one plan, tabulated from the cost model so the event loop never calls numpy.
+
+Decode iteration time depends on the running sequences B and their total context S (attention
+and KV reads grow with S; see traces.costmodel.roofline.decode_seconds). For each engine type it
+is tabulated exactly over B and on a uniform S grid, linear in between. Sums of k consecutive
+iterations (S grows by B per iteration) are then closed-form arithmetic series per grid cell.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from traces import CostModel, GpuType, ModelSpec
+
+GRID_POINTS = 64
+
+
+@dataclass(frozen=True)
+class DecodeTable:
+    ds: float  # grid spacing in tokens of total context
+    rows: tuple[tuple[float, ...], ...]  # rows[b][g] = seconds of one iteration, b running, S = g*ds
+
+    @classmethod
+    def build(cls, cm: CostModel, gpu: GpuType, model: ModelSpec, tp: int, max_batch: int, max_context: float) -> DecodeTable:
+        ds = max(max_context, 1.0) / (GRID_POINTS - 1)
+        b = np.arange(0, max_batch + 1)[:, None]
+        s = (np.arange(GRID_POINTS) * ds)[None, :]
+        secs = cm.decode(gpu, model, tp, np.maximum(b, 1), s / np.maximum(b, 1)).seconds
+        return cls(ds, tuple(tuple(float(x) for x in row) for row in secs))
+
+    def _cell(self, s: float) -> int:
+        return min(max(int(s / self.ds), 0), GRID_POINTS - 2)
+
+    def iteration(self, b: int, s: float) -> float:
+        row, c = self.rows[b], self._cell(s)
+        frac = s / self.ds - c
+        return row[c] + (row[c + 1] - row[c]) * frac
+
+    def total(self, b: int, s0: float, k: int) -> float:
+        """Seconds of k iterations starting at total context s0: sum_{j<k} t(b, s0 + b j)."""
+        if k <= 0:
+            return 0.0
+        row, ds = self.rows[b], self.ds
+        out, j = 0.0, 0
+        while j < k:
+            s = s0 + b * j
+            c = self._cell(s)
+            # last j still inside this cell (the last cell extends to infinity)
+            if c == GRID_POINTS - 2:
+                j_end = k
+            else:
+                j_end = min(k, max(j + 1, math.ceil(((c + 1) * ds - s0) / b)))
+            n = j_end - j
+            slope = (row[c + 1] - row[c]) / ds
+            base = row[c] - slope * c * ds  # t = base + slope * s on this cell
+            # sum over j..j_end-1 of base + slope (s0 + b j)
+            out += n * (base + slope * s0) + slope * b * (j + j_end - 1) * n / 2
+            j = j_end
+        return out
+
+    def done_within(self, b: int, s0: float, k: int, seconds: float) -> int:
+        """Iterations (<= k) whose end lies at or before `seconds` after the start."""
+        lo, hi = 0, k
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.total(b, s0, mid) <= seconds + 1e-12:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+
+@dataclass(frozen=True)
+class PrefillCurve:
+    """Prefill seconds over a log grid of token counts (sequences of the workload's mean prompt)."""
+
+    log_tokens: tuple[float, ...]
+    log_seconds: tuple[float, ...]
+
+    @classmethod
+    def build(cls, cm: CostModel, gpu: GpuType, model: ModelSpec, tp: int, max_tokens: float, context: float) -> PrefillCurve:
+        tokens = np.unique(np.geomspace(1, max(max_tokens, 2), 48).round())
+        secs = cm.prefill(gpu, model, tp, tokens, np.minimum(context, tokens)).seconds
+        return cls(tuple(np.log(tokens).tolist()), tuple(np.log(secs).tolist()))
+
+    def __call__(self, tokens: float) -> float:
+        if tokens <= 0:
+            return 0.0
+        return float(np.exp(np.interp(math.log(tokens), self.log_tokens, self.log_seconds)))

@@ -1,0 +1,196 @@
+"""A rollout engine under continuous batching.
+
+Between two events the running batch is fixed, so the engine jumps straight to the next
+completion (or to the iteration where its KV cache would overflow) with a closed-form sum of
+iteration times. An admission opening up or a weight update interrupts the jump at the next
+iteration boundary. Events grow with samples, not tokens. `token_level=True` takes one event per
+iteration instead: the reference the fast path is checked against.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable, Generator
+from typing import Any
+
+import simpy
+
+from sim.controller import Controller
+from sim.costs import DecodeTable, PrefillCurve
+from sim.recorder import Recorder
+from sim.sample import Sample
+
+
+class Engine:
+    def __init__(
+        self, env: simpy.Environment, name: str, group: str, decode: DecodeTable, prefill: PrefillCurve,
+        max_batch: int, kv_tokens: float, controller: Controller, recorder: Recorder, finish: Callable[[list[Sample]], None],
+        *, interruptible: bool, token_level: bool = False,
+    ) -> None:
+        self.env, self.name, self.group = env, name, group
+        self.decode, self.prefill = decode, prefill
+        self.max_batch, self.kv_tokens = max_batch, kv_tokens
+        self.controller, self.rec, self.finish = controller, recorder, finish
+        self.interruptible, self.token_level = interruptible, token_level
+        self.version = 0
+        self.progress = 0  # decode iterations run so far
+        self.context = 0.0  # total tokens held in the KV cache by running samples
+        self.heap: list[tuple[int, int, Sample]] = []  # (progress at which it finishes, sid, sample)
+        self.running: dict[int, Sample] = {}
+        self.waiting: deque[Sample] = deque()  # preempted samples, first in line
+        self.version_log: list[tuple[int, int]] = [(0, 0)]  # (progress, version) from then on
+        self.update: tuple[int, float] | None = None  # (version, time the new weights are in)
+        self._wake: simpy.Event | None = None
+        controller.on_capacity.append(self.poke)
+        self.proc = env.process(self.run())
+
+    # ---- outside events -------------------------------------------------------------------
+    def poke(self) -> None:
+        """Something changed (admission reopened, new weights): stop at the next iteration boundary."""
+        if self._wake is not None and not self._wake.triggered and (self.update or self._has_room()):
+            self._wake.succeed()
+
+    def request_update(self, version: int, ready_at: float) -> None:
+        self.update = (version, ready_at)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    # ---- the loop -------------------------------------------------------------------------
+    def run(self) -> Generator[simpy.Event, Any, None]:
+        while True:
+            if self.update is not None and (self.interruptible or not self.running):
+                yield from self._load_weights()
+            admitted = self._admit()
+            if admitted:
+                yield from self._prefill(admitted)
+                continue  # an update may have arrived during prefill
+            if not self.running:
+                self._wake = self.env.event()
+                yield self._wake
+                self._wake = None
+                continue
+            yield from self._decode()
+
+    def _has_room(self) -> bool:
+        return len(self.running) < self.max_batch and self.context < self.kv_tokens
+
+    def _admit(self) -> list[Sample]:
+        if self.update is not None:  # a non-interruptible engine drains before it loads new weights
+            return []
+        new: list[Sample] = []
+        while self.waiting and self._fits(self.waiting[0], len(new)):
+            new.append(self.waiting.popleft())
+        free = self.max_batch - len(self.running) - len(new)
+        if free > 0 and not self.waiting:
+            for s in self.controller.grant(free):
+                if self._fits(s, len(new)):
+                    new.append(s)
+                else:
+                    self.waiting.append(s)
+        for s in new:
+            self.context += s.prompt + s.generated
+            s.joined_at = self.progress
+            self.running[s.sid] = s
+            heapq.heappush(self.heap, (self.progress + s.response - s.generated, s.sid, s))
+        return new
+
+    def _fits(self, s: Sample, pending: int) -> bool:
+        if len(self.running) + pending >= self.max_batch:
+            return False
+        return (not self.running and not pending) or self.context + s.prompt + s.generated + 1 <= self.kv_tokens
+
+    def _prefill(self, samples: list[Sample]) -> Generator[simpy.Event, Any, None]:
+        tokens = sum(s.prompt + s.generated for s in samples)
+        start = self.env.now
+        yield self.env.timeout(self.prefill(tokens))
+        self.rec.events += 1
+        self.rec.interval(self.name, self.group, "prefill", start, self.env.now, self.version, len(samples))
+
+    def _decode(self) -> Generator[simpy.Event, Any, None]:
+        b = len(self.running)
+        to_finish = self.heap[0][0] - self.progress
+        # iterations until the KV cache would overflow (each adds b tokens)
+        room = int((self.kv_tokens - self.context) // b)
+        k = max(1, min(to_finish, room)) if room >= 1 else 1
+        if self.token_level:
+            k = 1
+        start = self.env.now
+        duration = self.decode.total(b, self.context, k)
+        if self.token_level:
+            yield self.env.timeout(duration)
+        else:
+            self._wake = self.env.event()
+            done = self.env.timeout(duration)
+            yield done | self._wake
+            self._wake = None
+            if not done.processed:  # interrupted: finish the iteration in progress, then stop
+                elapsed = self.env.now - start
+                j = self.decode.done_within(b, self.context, k, elapsed)
+                # the iteration in progress always completes, even one that started this instant
+                if j == 0 or self.decode.total(b, self.context, j) < elapsed - 1e-12:
+                    j += 1
+                k = min(k, j)
+                rest = self.decode.total(b, self.context, k) - elapsed
+                if rest > 0:
+                    yield self.env.timeout(rest)
+        self.rec.events += 1
+        self.rec.interval(self.name, self.group, "decode", start, self.env.now, self.version, b)
+        self.progress += k
+        self.context += b * k
+        self._complete()
+        if self.context > self.kv_tokens and len(self.running) > 1:
+            self._preempt()
+
+    def _complete(self) -> None:
+        done: list[Sample] = []
+        while self.heap and self.heap[0][0] <= self.progress:
+            _, sid, s = heapq.heappop(self.heap)
+            if sid not in self.running or self.running[sid] is not s:
+                continue  # stale heap entry of a preempted sample
+            self._settle(s)
+            del self.running[sid]
+            self.context -= s.prompt + s.generated
+            done.append(s)
+        if done:
+            self.finish(done)
+
+    def _settle(self, s: Sample) -> None:
+        """Credit the tokens generated since it joined, split by the policy version that made them."""
+        joined, now = s.joined_at, self.progress
+        end_target = joined + (s.response - s.generated)
+        end = min(now, end_target)
+        for i, (from_progress, version) in enumerate(self.version_log):
+            until = self.version_log[i + 1][0] if i + 1 < len(self.version_log) else end
+            lo, hi = max(joined, from_progress), min(end, until)
+            if hi > lo:
+                s.add_tokens(version, hi - lo)
+        s.joined_at = end
+
+    def _preempt(self) -> None:
+        """vLLM-style recompute preemption: the newest sample leaves, its KV is dropped."""
+        while self.context > self.kv_tokens and len(self.running) > 1:
+            sid = max(self.running, key=lambda i: (self.running[i].joined_at, i))
+            s = self.running.pop(sid)
+            self._settle(s)
+            self.context -= s.prompt + s.generated
+            s.preempted = True
+            self.waiting.appendleft(s)
+
+    def _load_weights(self) -> Generator[simpy.Event, Any, None]:
+        assert self.update is not None
+        version, ready_at = self.update
+        start = self.env.now
+        if ready_at > start:
+            yield self.env.timeout(ready_at - start)
+        self.rec.interval(self.name, self.group, "weight_load", start, self.env.now, version, len(self.running))
+        for s in self.running.values():  # tokens so far belong to the old version
+            self._settle(s)
+        self.update = None
+        self.version = version
+        self.version_log.append((self.progress, version))
+        if self.running:  # the KV cache was computed by the old weights: recompute it
+            start = self.env.now
+            yield self.env.timeout(self.prefill(self.context))
+            self.rec.interval(self.name, self.group, "reprefill", start, self.env.now, version, len(self.running))
+        self.rec.events += 1

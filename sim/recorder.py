@@ -1,0 +1,27 @@
+"""What the simulation saw: timeline intervals and time series, appended as plain tuples."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+TIMELINE_COLUMNS = ("resource", "group", "activity", "start", "end", "version", "samples")
+
+
+@dataclass
+class Recorder:
+    timeline: list[tuple[str, str, str, float, float, int, int]] = field(default_factory=list)
+    busy: Counter[str] = field(default_factory=Counter)  # resource -> busy seconds
+    queue: list[tuple[float, int, int, int]] = field(default_factory=list)  # time, waiting, in flight, buffered
+    staleness_tokens: Counter[int] = field(default_factory=Counter)
+    step_ends: list[float] = field(default_factory=list)
+    step_samples: list[int] = field(default_factory=list)
+    step_tokens: list[int] = field(default_factory=list)
+    trained_ids: list[int] = field(default_factory=list)
+    events: int = 0
+
+    def interval(self, resource: str, group: str, activity: str, start: float, end: float, version: int,
+                 samples: int) -> None:
+        if end > start:
+            self.timeline.append((resource, group, activity, start, end, version, samples))
+            self.busy[resource] += end - start

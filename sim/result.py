@@ -1,0 +1,67 @@
+"""What a simulation returns: summary metrics and the timeline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from sim.recorder import TIMELINE_COLUMNS
+
+
+@dataclass(frozen=True)
+class SimResult:
+    samples_per_s: float
+    tokens_per_s: float
+    mean_step_s: float
+    step_times: tuple[float, ...]
+    utilization: dict[str, float]  # plan group -> busy fraction of its GPUs
+    staleness_hist: dict[int, int]  # version lag -> trained tokens
+    cost_per_hour: float
+    trained_samples: int
+    trained_ids: tuple[int, ...]
+    admitted: int
+    in_flight: int
+    events: int
+    sim_seconds: float
+    mode: str
+    timeline_rows: tuple[tuple[Any, ...], ...] = field(repr=False)
+    queue_rows: tuple[tuple[float, int, int, int], ...] = field(repr=False, default=())
+
+    @property
+    def max_staleness(self) -> int:
+        return max((k for k, v in self.staleness_hist.items() if v > 0), default=0)
+
+    @property
+    def cost_per_1k_samples(self) -> float:
+        if self.samples_per_s <= 0:
+            return float("inf")
+        return self.cost_per_hour / 3600 / self.samples_per_s * 1000
+
+    @property
+    def timeline(self) -> pd.DataFrame:
+        """One row per interval: resource, group, activity, start, end, version, samples."""
+        return pd.DataFrame(list(self.timeline_rows), columns=list(TIMELINE_COLUMNS))
+
+    @property
+    def queue(self) -> pd.DataFrame:
+        """Over time: samples waiting for KV room, samples in flight, samples buffered for training."""
+        return pd.DataFrame(list(self.queue_rows), columns=["time", "waiting", "in_flight", "buffered"])
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "samples_per_s": self.samples_per_s,
+            "tokens_per_s": self.tokens_per_s,
+            "mean_step_s": self.mean_step_s,
+            "max_staleness": self.max_staleness,
+            "staleness_hist": {str(k): v for k, v in sorted(self.staleness_hist.items())},
+            "utilization": self.utilization,
+            "cost_per_hour": self.cost_per_hour,
+            "cost_per_1k_samples": self.cost_per_1k_samples,
+            "trained_samples": self.trained_samples,
+            "in_flight_at_end": self.in_flight,
+            "events": self.events,
+            "sim_seconds": self.sim_seconds,
+        }

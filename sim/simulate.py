@@ -1,0 +1,213 @@
+"""Wire one plan into a simpy environment and run it for a number of trainer steps."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from sim.controller import Controller
+from sim.costs import DecodeTable, PrefillCurve
+from sim.engine import Engine
+from sim.recorder import Recorder
+from sim.result import SimResult
+from sim.sample import Sample
+from sim.trainer import Trainer
+from traces import Cluster, CostModel, Plan, SpecError, Workload
+from traces.plan import RolloutGroup
+
+MAX_EVENTS = 20_000_000  # a bound on any one simulation, so bad input cannot hang it
+
+
+@dataclass(frozen=True)
+class _EngineSpec:
+    group: RolloutGroup
+    name: str
+    max_batch: int
+    kv_tokens: float
+    decode: DecodeTable
+    prefill: PrefillCurve
+
+
+def check_plan(cluster: Cluster, workload: Workload, plan: Plan) -> None:
+    """The plan must fit the cluster and agree with the workload; SpecError says what to fix."""
+    have = cluster.gpu_counts
+    need: dict[str, int] = {}
+    for gpu_type, roles in plan.gpus_by_type.items():
+        need[gpu_type] = roles["train"] + (0 if plan.mode == "colocated" else roles["rollout"])
+    for gpu_type, n in need.items():
+        if n > have.get(gpu_type, 0):
+            raise SpecError(f"plan uses {n} {gpu_type} GPUs but cluster '{cluster.name}' has {have.get(gpu_type, 0)}")
+    if plan.mode == "colocated":
+        if any(g.gpu_type != plan.trainer.gpu_type for g in plan.rollout):
+            raise SpecError("colocated plan: rollout groups must use the trainer's GPU type")
+        if sum(g.gpus for g in plan.rollout) > plan.trainer.gpus:
+            raise SpecError("colocated plan: rollout engines need more GPUs than the trainer has")
+    for g in plan.rollout:
+        per_node = max(ng.gpus_per_node for ng in cluster.groups_of(g.gpu_type))
+        if g.tp > per_node:
+            raise SpecError(f"rollout TP {g.tp} exceeds the {per_node} GPUs per {g.gpu_type} node")
+    if plan.mode != workload.mode or plan.staleness != workload.staleness:
+        pass  # the plan decides; a workload's mode is only the default the planner starts from
+
+
+def _engine_specs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan) -> list[_EngineSpec]:
+    model = workload.model
+    engines = sum(g.instances for g in plan.rollout)
+    cap_running = cm.efficiency.max_num_seqs
+    if plan.max_concurrent_rollouts is not None:
+        cap_running = min(cap_running, math.ceil(plan.max_concurrent_rollouts / engines))
+    specs = []
+    for gi, g in enumerate(plan.rollout):
+        gpu = cluster.gpu(g.gpu_type)
+        kv = float(cm.kv_capacity_tokens(gpu, model, g.tp))
+        if kv < workload.max_seq_len:
+            raise SpecError(
+                f"a {g.gpu_type} TP{g.tp} engine holds {int(kv)} KV tokens, less than one "
+                f"{workload.max_seq_len}-token sample of {model.name}; raise tp or use larger GPUs"
+            )
+        decode = DecodeTable.build(cm, gpu, model, g.tp, cap_running, kv)
+        prefill = PrefillCurve.build(cm, gpu, model, g.tp, kv, workload.prompt_len.expected())
+        for i in range(g.instances):
+            specs.append(_EngineSpec(g, f"{g.gpu_type}-tp{g.tp}-g{gi}-e{i}", cap_running, kv, decode, prefill))
+    return specs
+
+
+def _path_bytes_per_s(cluster: Cluster, plan: Plan) -> float:
+    """Slowest link from the trainer's nodes to any engine group's nodes."""
+    trainer_gpu = cluster.gpu(plan.trainer.gpu_type)
+    if plan.mode == "colocated":
+        return trainer_gpu.link_bytes_per_s
+    t_groups = cluster.groups_of(plan.trainer.gpu_type)
+    best = math.inf
+    for g in plan.rollout:
+        for rg in cluster.groups_of(g.gpu_type):
+            for tg in t_groups:
+                bw = min(rg.inter_node_gb_per_s, tg.inter_node_gb_per_s) * 1e9
+                label_bw = cluster.label_bandwidth(rg.label, tg.label)
+                best = min(best, bw if label_bw is None else min(bw, label_bw))
+    return best
+
+
+def _step_costs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan):  # type: ignore[no-untyped-def]
+    t = plan.trainer
+    gpu = cluster.gpu(t.gpu_type)
+    groups = cluster.groups_of(t.gpu_type)
+    per_node = groups[0].gpus_per_node
+    inter = min(g.inter_node_gb_per_s for g in groups) * 1e9
+    seq = workload.mean_tokens_per_sample
+    mb = workload.max_seq_len
+    m = workload.ppo_minibatches
+
+    def step_seconds(tokens: int) -> tuple[float, float]:
+        kw = {"seq_len": seq, "microbatch_tokens": mb, "zero_stage": t.zero_stage, "gpus_per_node": per_node,
+              "inter_node_bytes_per_s": inter}
+        logprob = float(cm.logprob(gpu, workload.model, t.dp, t.tp, t.pp, tokens, **kw).seconds)
+        train = m * float(cm.train(gpu, workload.model, t.dp, t.tp, t.pp, tokens / m, recompute=t.recompute,
+                                   **kw).seconds)
+        return logprob, train
+
+    return step_seconds
+
+
+def simulate(
+    cluster: Cluster, workload: Workload, plan: Plan, cost_model: CostModel | None = None, *, steps: int = 10,
+    seed: int = 0, token_level: bool = False, record_queue: bool = True,
+) -> SimResult:
+    """Simulate `plan` running `workload` on `cluster` until the trainer finishes `steps` steps."""
+    if steps < 1:
+        raise SpecError(f"steps must be at least 1, got {steps}")
+    cm = cost_model or CostModel()
+    check_plan(cluster, workload, plan)
+    env = simpy.Environment()
+    rec = Recorder()
+    batch = workload.samples_per_step
+    eta = plan.staleness if plan.mode == "async" else 0
+    total = batch * (steps + eta + 1)
+    rng = np.random.default_rng(seed)
+    prompts = workload.prompt_len.sample(rng, total)
+    responses = workload.response_len.sample(rng, total)
+    ctl = Controller(batch, eta, prompts, responses)
+
+    def finish(done: list[Sample]) -> None:
+        if workload.reward_seconds > 0:
+            env.timeout(workload.reward_seconds).callbacks.append(lambda _ev: ctl.completed(done))
+        else:
+            ctl.completed(done)
+
+    engines = [
+        Engine(env, s.name, _group_key(s.group), s.decode, s.prefill, s.max_batch, s.kv_tokens, ctl, rec, finish,
+               interruptible=workload.interruptible and plan.mode == "async", token_level=token_level)
+        for s in _engine_specs(cm, cluster, workload, plan)
+    ]
+    n_engines = len(engines)
+    sync_s = float(cm.sync(cluster.gpu(plan.trainer.gpu_type), workload.model, n_engines,
+                           _path_bytes_per_s(cluster, plan)).seconds)
+
+    def push(version: int, ready_at: float) -> None:
+        for e in engines:
+            e.request_update(version, ready_at)
+
+    trainer = Trainer(env, ctl, rec, steps, _step_costs(cm, cluster, workload, plan), sync_s, push)
+    if record_queue:
+        env.process(_sample_queue(env, ctl, engines, rec))
+    env.run(until=trainer.done)
+    if rec.events > MAX_EVENTS:
+        raise SpecError("simulation exceeded its event budget; simulate fewer steps or a smaller batch")
+    return _result(rec, ctl, engines, plan, cluster, env.now)
+
+
+def _group_key(g: RolloutGroup) -> str:
+    return f"rollout:{g.gpu_type}:tp{g.tp}"
+
+
+def _sample_queue(env: simpy.Environment, ctl: Controller, engines: list[Engine], rec: Recorder):  # type: ignore[no-untyped-def]
+    period = 1.0
+    while True:
+        waiting = sum(len(e.waiting) for e in engines)
+        in_flight = sum(ctl.in_flight.values())
+        rec.queue.append((env.now, waiting, in_flight, len(ctl.buffer)))
+        yield env.timeout(period)
+        period = max(1.0, env.now / 200)  # about 200 points per run whatever its length
+
+
+def _result(rec: Recorder, ctl: Controller, engines: list[Engine], plan: Plan, cluster: Cluster, end: float) -> SimResult:
+    steps = len(rec.step_ends)
+    warm = max(1, steps // 5) if steps >= 3 else 0
+    t0 = rec.step_ends[warm - 1] if warm else 0.0
+    window = rec.step_ends[-1] - t0
+    samples = sum(rec.step_samples[warm:])
+    tokens = sum(rec.step_tokens[warm:])
+    ends = [0.0, *rec.step_ends]
+    step_times = tuple(b - a for a, b in zip(ends[:-1], ends[1:], strict=True))
+    util: dict[str, float] = {}
+    members: dict[str, list[str]] = {}
+    for e in engines:
+        members.setdefault(e.group, []).append(e.name)
+    for group, names in members.items():
+        util[group] = sum(rec.busy[n] for n in names) / (len(names) * end) if end > 0 else 0.0
+    util["trainer"] = rec.busy["trainer"] / end if end > 0 else 0.0
+    price = 0.0
+    for gpu_type, roles in plan.gpus_by_type.items():
+        gpus = roles["train"] + (0 if plan.mode == "colocated" else roles["rollout"])
+        price += gpus * cluster.gpu(gpu_type).price_per_gpu_hour
+    return SimResult(
+        samples_per_s=samples / window if window > 0 else 0.0,
+        tokens_per_s=tokens / window if window > 0 else 0.0,
+        mean_step_s=float(np.mean(step_times[warm:])) if step_times[warm:] else 0.0,
+        step_times=step_times,
+        utilization=util,
+        staleness_hist=dict(sorted(rec.staleness_tokens.items())),
+        cost_per_hour=price,
+        trained_samples=len(rec.trained_ids),
+        trained_ids=tuple(rec.trained_ids),
+        admitted=ctl.admitted,
+        in_flight=sum(ctl.in_flight.values()) + len(ctl.buffer),
+        events=rec.events,
+        sim_seconds=end,
+        mode=plan.mode,
+        timeline_rows=tuple(rec.timeline),
+        queue_rows=tuple(rec.queue),
+    )

@@ -1,0 +1,60 @@
+"""The trainer: waits for a batch the staleness rule allows, trains, then pushes new weights."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from typing import Any
+
+import simpy
+
+from sim.controller import Controller
+from sim.recorder import Recorder
+
+
+class Trainer:
+    def __init__(
+        self, env: simpy.Environment, controller: Controller, recorder: Recorder, steps: int,
+        step_seconds: Callable[[int], tuple[float, float]], sync_seconds: float,
+        push_weights: Callable[[int, float], None], name: str = "trainer",
+    ) -> None:
+        self.env, self.ctl, self.rec = env, controller, recorder
+        self.steps, self.step_seconds, self.sync_seconds = steps, step_seconds, sync_seconds
+        self.push_weights, self.name = push_weights, name
+        self._wake: simpy.Event | None = None
+        controller.on_buffer = self._poke
+        self.done = env.process(self.run())
+
+    def _poke(self) -> None:
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def run(self) -> Generator[simpy.Event, Any, None]:
+        for step in range(self.steps):
+            while not self.ctl.ready(step):
+                self._wake = self.env.event()
+                yield self._wake
+                self._wake = None
+            batch = self.ctl.take()
+            tokens = sum(s.tokens for s in batch)
+            for s in batch:
+                for version, n in s.versions:
+                    self.rec.staleness_tokens[step - version] += n
+                self.rec.trained_ids.append(s.sid)
+            logprob_s, train_s = self.step_seconds(tokens)
+            t0 = self.env.now
+            yield self.env.timeout(logprob_s)
+            self.rec.interval(self.name, "trainer", "logprob", t0, self.env.now, step, len(batch))
+            t1 = self.env.now
+            yield self.env.timeout(train_s)
+            self.rec.interval(self.name, "trainer", "train", t1, self.env.now, step, len(batch))
+            self.rec.step_ends.append(self.env.now)
+            self.rec.step_samples.append(len(batch))
+            self.rec.step_tokens.append(tokens)
+            self.rec.events += 1
+            version = step + 1
+            t2 = self.env.now
+            ready_at = t2 + self.sync_seconds
+            self.push_weights(version, ready_at)
+            self.ctl.new_version(version)
+            yield self.env.timeout(self.sync_seconds)
+            self.rec.interval(self.name, "trainer", "sync", t2, self.env.now, version, len(batch))
