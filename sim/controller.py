@@ -1,8 +1,9 @@
 """Admission under the staleness bound (AReaL's capacity rule) and the trained-sample buffer.
 
 With trainer version v, batch B and bound eta, at most (eta + v + 1) B samples may ever have been
-admitted. Step v then must include every sample started at a version <= v - eta; the rule keeps
-those to at most B, so the trainer never drops a sample and no token is older than eta versions.
+admitted. The trainer consumes samples in start-version order (never one newer than a sample still
+in flight), so after v steps the untrained samples started at versions <= v - eta number at most
+B: step v takes them all. No sample is dropped and no token is older than eta versions.
 """
 
 from __future__ import annotations
@@ -48,14 +49,14 @@ class Controller:
         self.on_buffer()
 
     def ready(self, step: int) -> bool:
-        """Step `step` may start: B samples are buffered and none due at this step is still running."""
+        """B samples are buffered that are no newer than anything still in flight."""
         if len(self.buffer) < self.batch:
             return False
-        due = step - self.eta
-        return not any(n > 0 for v, n in self.in_flight.items() if v <= due)
+        self.buffer.sort(key=lambda s: (s.start_version, s.sid))
+        oldest_running = min((v for v, n in self.in_flight.items() if n > 0), default=None)
+        return oldest_running is None or self.buffer[self.batch - 1].start_version <= oldest_running
 
     def take(self) -> list[Sample]:
-        self.buffer.sort(key=lambda s: (s.start_version, s.sid))
         batch, self.buffer = self.buffer[: self.batch], self.buffer[self.batch :]
         return batch
 

@@ -24,7 +24,9 @@ class DecodeTable:
     rows: tuple[tuple[float, ...], ...]  # rows[b][g] = seconds of one iteration, b running, S = g*ds
 
     @classmethod
-    def build(cls, cm: CostModel, gpu: GpuType, model: ModelSpec, tp: int, max_batch: int, max_context: float) -> DecodeTable:
+    def build(
+        cls, cm: CostModel, gpu: GpuType, model: ModelSpec, tp: int, max_batch: int, max_context: float
+    ) -> DecodeTable:
         ds = max(max_context, 1.0) / (GRID_POINTS - 1)
         b = np.arange(0, max_batch + 1)[:, None]
         s = (np.arange(GRID_POINTS) * ds)[None, :]
@@ -49,10 +51,7 @@ class DecodeTable:
             s = s0 + b * j
             c = self._cell(s)
             # last j still inside this cell (the last cell extends to infinity)
-            if c == GRID_POINTS - 2:
-                j_end = k
-            else:
-                j_end = min(k, max(j + 1, math.ceil(((c + 1) * ds - s0) / b)))
+            j_end = k if c == GRID_POINTS - 2 else min(k, max(j + 1, math.ceil(((c + 1) * ds - s0) / b)))
             n = j_end - j
             slope = (row[c + 1] - row[c]) / ds
             base = row[c] - slope * c * ds  # t = base + slope * s on this cell
@@ -81,7 +80,9 @@ class PrefillCurve:
     log_seconds: tuple[float, ...]
 
     @classmethod
-    def build(cls, cm: CostModel, gpu: GpuType, model: ModelSpec, tp: int, max_tokens: float, context: float) -> PrefillCurve:
+    def build(
+        cls, cm: CostModel, gpu: GpuType, model: ModelSpec, tp: int, max_tokens: float, context: float
+    ) -> PrefillCurve:
         tokens = np.unique(np.geomspace(1, max(max_tokens, 2), 48).round())
         secs = cm.prefill(gpu, model, tp, tokens, np.minimum(context, tokens)).seconds
         return cls(tuple(np.log(tokens).tolist()), tuple(np.log(secs).tolist()))

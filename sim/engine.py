@@ -25,7 +25,8 @@ from sim.sample import Sample
 class Engine:
     def __init__(
         self, env: simpy.Environment, name: str, group: str, decode: DecodeTable, prefill: PrefillCurve,
-        max_batch: int, kv_tokens: float, controller: Controller, recorder: Recorder, finish: Callable[[list[Sample]], None],
+        max_batch: int, kv_tokens: float, controller: Controller, recorder: Recorder,
+        finish: Callable[[list[Sample]], None],
         *, interruptible: bool, token_level: bool = False,
     ) -> None:
         self.env, self.name, self.group = env, name, group
@@ -83,6 +84,8 @@ class Engine:
             new.append(self.waiting.popleft())
         free = self.max_batch - len(self.running) - len(new)
         if free > 0 and not self.waiting:
+            # samples start under this engine's weights: admission waits until they are current
+            assert self.version == self.controller.version, (self.name, self.version, self.controller.version)
             for s in self.controller.grant(free):
                 if self._fits(s, len(new)):
                     new.append(s)
@@ -179,14 +182,16 @@ class Engine:
 
     def _load_weights(self) -> Generator[simpy.Event, Any, None]:
         assert self.update is not None
-        version, ready_at = self.update
+        request = self.update
+        version, ready_at = request
         start = self.env.now
         if ready_at > start:
             yield self.env.timeout(ready_at - start)
         self.rec.interval(self.name, self.group, "weight_load", start, self.env.now, version, len(self.running))
         for s in self.running.values():  # tokens so far belong to the old version
             self._settle(s)
-        self.update = None
+        if self.update == request:  # a newer request that came in meanwhile stays pending
+            self.update = None
         self.version = version
         self.version_log.append((self.progress, version))
         if self.running:  # the KV cache was computed by the old weights: recompute it

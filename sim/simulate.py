@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -173,7 +174,9 @@ def _sample_queue(env: simpy.Environment, ctl: Controller, engines: list[Engine]
         period = max(1.0, env.now / 200)  # about 200 points per run whatever its length
 
 
-def _result(rec: Recorder, ctl: Controller, engines: list[Engine], plan: Plan, cluster: Cluster, end: float) -> SimResult:
+def _result(
+    rec: Recorder, ctl: Controller, engines: list[Engine], plan: Plan, cluster: Cluster, end: float
+) -> SimResult:
     steps = len(rec.step_ends)
     warm = max(1, steps // 5) if steps >= 3 else 0
     t0 = rec.step_ends[warm - 1] if warm else 0.0
@@ -181,7 +184,7 @@ def _result(rec: Recorder, ctl: Controller, engines: list[Engine], plan: Plan, c
     samples = sum(rec.step_samples[warm:])
     tokens = sum(rec.step_tokens[warm:])
     ends = [0.0, *rec.step_ends]
-    step_times = tuple(b - a for a, b in zip(ends[:-1], ends[1:], strict=True))
+    step_times = tuple(b - a for a, b in itertools.pairwise(ends))
     util: dict[str, float] = {}
     members: dict[str, list[str]] = {}
     for e in engines:
