@@ -1,9 +1,12 @@
 """Admission under the staleness bound (AReaL's capacity rule) and the trained-sample buffer.
 
 With trainer version v, batch B and bound eta, at most (eta + v + 1) B samples may ever have been
-admitted. The trainer consumes samples in start-version order (never one newer than a sample still
-in flight), so after v steps the untrained samples started at versions <= v - eta number at most
-B: step v takes them all. No sample is dropped and no token is older than eta versions.
+admitted. Step s must train every sample started at a version <= s - eta (its oldest token would
+otherwise exceed the bound), so before taking the B oldest buffered samples the trainer checks that
+each later step can still do so: for every start version L in (s - eta, s], the samples started at
+<= L left untrained must fit the L + eta - s steps that remain for them. By induction over steps
+this is always reachable by waiting for completions: no sample is dropped, none is trained twice,
+and no token is older than eta versions.
 """
 
 from __future__ import annotations
@@ -49,12 +52,20 @@ class Controller:
         self.on_buffer()
 
     def ready(self, step: int) -> bool:
-        """B samples are buffered that are no newer than anything still in flight."""
+        """Step `step` may train the B oldest buffered samples without breaking the bound later."""
         if len(self.buffer) < self.batch:
             return False
         self.buffer.sort(key=lambda s: (s.start_version, s.sid))
-        oldest_running = min((v for v, n in self.in_flight.items() if n > 0), default=None)
-        return oldest_running is None or self.buffer[self.batch - 1].start_version <= oldest_running
+        untrained: Counter[int] = Counter(self.in_flight)
+        for s in self.buffer[self.batch :]:
+            untrained[s.start_version] += 1
+        levels = sorted(v for v, n in untrained.items() if n > 0)
+        left = 0
+        for level in range(min(levels, default=step), step + 1):
+            left += untrained.get(level, 0)
+            if left > max(0, level + self.eta - step) * self.batch:
+                return False
+        return True
 
     def take(self) -> list[Sample]:
         batch, self.buffer = self.buffer[: self.batch], self.buffer[self.batch :]

@@ -115,3 +115,21 @@ def test_validate_examples(cli) -> None:  # type: ignore[no-untyped-def]
     res = cli("validate", "--cluster", str(root / "clusters" / "a100-l4.yaml"),
               "--workload", str(root / "workloads" / "qwen2.5-7b-grpo-longtail.yaml"), "--json")
     assert res.code == 0 and res.json()["ok"] is True
+
+
+def test_simulate_cli_writes_timeline_and_gantt(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from importlib import resources
+
+    root = resources.files("traces").joinpath("data")
+    csv, png = tmp_path / "t.csv", tmp_path / "g.png"
+    res = cli("simulate", "--cluster", str(root / "clusters" / "mixed-h800-h20-l40s.yaml"),
+              "--workload", str(root / "workloads" / "qwen2.5-1.5b-math-short.yaml"),
+              "--plan", str(root / "plans" / "mixed-async.json"), "--steps", "3", "--json",
+              "--timeline", str(csv), "--gantt", str(png))
+    assert res.code == 0, res.err
+    obj = res.json()
+    for key in ("samples_per_s", "tokens_per_s", "mean_step_s", "max_staleness", "utilization", "cost_per_1k_samples"):
+        assert key in obj
+    assert obj["max_staleness"] <= 4
+    assert csv.read_text().startswith("resource,group,activity,start,end,version,samples")
+    assert png.read_bytes()[:4] == b"\x89PNG"

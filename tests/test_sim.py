@@ -29,7 +29,8 @@ def _plan(mode: str = "async", eta: int = 2, engines: int = 4, trainer: str = "H
         return Plan(mode=mode, rollout=(RolloutGroup(gpu_type=trainer, tp=1, instances=8),),
                     trainer=TrainerGroup(gpu_type=trainer, dp=8))
     return Plan(mode=mode, staleness=eta if mode == "async" else 0,
-                rollout=(RolloutGroup(gpu_type=gen, tp=1, instances=engines),), trainer=TrainerGroup(gpu_type=trainer, dp=8))
+                rollout=(RolloutGroup(gpu_type=gen, tp=1, instances=engines),),
+                trainer=TrainerGroup(gpu_type=trainer, dp=8))
 
 
 SCENARIOS = {
@@ -132,7 +133,8 @@ def test_closed_form_async_throughput() -> None:
         update={"reward_seconds": 0.0})
     h20, h800, m = CLUSTER.gpu("H20"), CLUSTER.gpu("H800"), w.model
     for engines, dp in ((2, 8), (16, 2)):  # generation-bound, then training-bound
-        plan = _plan("async", eta=8, engines=engines).model_copy(update={"trainer": TrainerGroup(gpu_type="H800", dp=dp)})
+        trainer = TrainerGroup(gpu_type="H800", dp=dp)
+        plan = _plan("async", eta=8, engines=engines).model_copy(update={"trainer": trainer})
         r = simulate(CLUSTER, w, plan, CM, steps=25, seed=0)
         # by hand: all engines fill to the same batch; one "wave" of B samples takes one prefill plus
         # 600 decode iterations whose context grows from the prompt to prompt + 600
@@ -159,7 +161,8 @@ def test_longtail_async_beats_sync_colocated_and_gap_closes_when_fixed() -> None
         w_async = _workload(resp, "async", eta=4, prompts=32, group=8, model="qwen2.5-7b")
         w_sync = _workload(resp, "colocated", prompts=32, group=8, model="qwen2.5-7b")
         a = simulate(cluster, w_async, Plan(mode="async", staleness=4,
-                     rollout=(RolloutGroup(gpu_type="H800", instances=8),), trainer=TrainerGroup(gpu_type="H800", dp=8)),
+                     rollout=(RolloutGroup(gpu_type="H800", instances=8),),
+                     trainer=TrainerGroup(gpu_type="H800", dp=8)),
                      CM, steps=8, seed=1)
         c = simulate(cluster, w_sync, Plan(mode="colocated", rollout=(RolloutGroup(gpu_type="H800", instances=16),),
                      trainer=TrainerGroup(gpu_type="H800", dp=16)), CM, steps=8, seed=1)
