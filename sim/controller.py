@@ -59,9 +59,8 @@ class Controller:
         untrained: Counter[int] = Counter(self.in_flight)
         for s in self.buffer[self.batch :]:
             untrained[s.start_version] += 1
-        levels = sorted(v for v, n in untrained.items() if n > 0)
         left = 0
-        for level in range(min(levels, default=step), step + 1):
+        for level in range(min((v for v, n in untrained.items() if n > 0), default=step), step + 1):
             left += untrained.get(level, 0)
             if left > max(0, level + self.eta - step) * self.batch:
                 return False

@@ -36,11 +36,6 @@ class DecodeTable:
     def _cell(self, s: float) -> int:
         return min(max(int(s / self.ds), 0), GRID_POINTS - 2)
 
-    def iteration(self, b: int, s: float) -> float:
-        row, c = self.rows[b], self._cell(s)
-        frac = s / self.ds - c
-        return row[c] + (row[c + 1] - row[c]) * frac
-
     def total(self, b: int, s0: float, k: int) -> float:
         """Seconds of k iterations starting at total context s0: sum_{j<k} t(b, s0 + b j)."""
         if k <= 0:

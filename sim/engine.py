@@ -48,12 +48,15 @@ class Engine:
 
     # ---- outside events -------------------------------------------------------------------
     def poke(self) -> None:
-        """Something changed (admission reopened, new weights): stop at the next iteration boundary."""
-        if self._wake is not None and not self._wake.triggered and (self.update or self._has_room()):
-            self._wake.succeed()
+        """Admission reopened: if there is room, stop at the next iteration boundary and admit."""
+        if self.update or self._has_room():
+            self._interrupt()
 
     def request_update(self, version: int, ready_at: float) -> None:
         self.update = (version, ready_at)
+        self._interrupt()
+
+    def _interrupt(self) -> None:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
@@ -107,7 +110,7 @@ class Engine:
         tokens = sum(s.prompt + s.generated for s in samples)
         start = self.env.now
         yield self.env.timeout(self.prefill(tokens))
-        self.rec.events += 1
+        self.rec.count()
         self.rec.interval(self.name, self.group, "prefill", start, self.env.now, self.version, len(samples))
 
     def _decode(self) -> Generator[simpy.Event, Any, None]:
@@ -137,13 +140,12 @@ class Engine:
                 rest = self.decode.total(b, self.context, k) - elapsed
                 if rest > 0:
                     yield self.env.timeout(rest)
-        self.rec.events += 1
+        self.rec.count()
         self.rec.interval(self.name, self.group, "decode", start, self.env.now, self.version, b)
         self.progress += k
         self.context += b * k
         self._complete()
-        if self.context > self.kv_tokens and len(self.running) > 1:
-            self._preempt()
+        self._preempt()
 
     def _complete(self) -> None:
         done: list[Sample] = []
@@ -171,13 +173,12 @@ class Engine:
         s.joined_at = end
 
     def _preempt(self) -> None:
-        """vLLM-style recompute preemption: the newest sample leaves, its KV is dropped."""
+        """vLLM-style recompute preemption: while the KV cache overflows, the newest sample leaves."""
         while self.context > self.kv_tokens and len(self.running) > 1:
             sid = max(self.running, key=lambda i: (self.running[i].joined_at, i))
             s = self.running.pop(sid)
             self._settle(s)
             self.context -= s.prompt + s.generated
-            s.preempted = True
             self.waiting.appendleft(s)
 
     def _load_weights(self) -> Generator[simpy.Event, Any, None]:
@@ -198,4 +199,4 @@ class Engine:
             start = self.env.now
             yield self.env.timeout(self.prefill(self.context))
             self.rec.interval(self.name, self.group, "reprefill", start, self.env.now, version, len(self.running))
-        self.rec.events += 1
+        self.rec.count()

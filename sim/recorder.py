@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from traces import SpecError
+
 TIMELINE_COLUMNS = ("resource", "group", "activity", "start", "end", "version", "samples")
+MAX_EVENTS = 20_000_000  # a bound on any one simulation, so bad input cannot hang it
 
 
 @dataclass
@@ -19,6 +22,12 @@ class Recorder:
     step_tokens: list[int] = field(default_factory=list)
     trained_ids: list[int] = field(default_factory=list)
     events: int = 0
+
+    def count(self) -> None:
+        """One more simulation event; stops a run that outgrows its budget."""
+        self.events += 1
+        if self.events > MAX_EVENTS:
+            raise SpecError("simulation exceeded its event budget; simulate fewer steps or a smaller batch")
 
     def interval(self, resource: str, group: str, activity: str, start: float, end: float, version: int,
                  samples: int) -> None:

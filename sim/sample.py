@@ -13,7 +13,6 @@ class Sample:
     start_version: int
     generated: int = 0  # tokens generated before the current residence on an engine
     joined_at: int = 0  # engine iteration counter when it (re)joined the running batch
-    preempted: bool = False
     # (policy version, tokens) for every token generated so far, in order
     versions: list[tuple[int, int]] = field(default_factory=list)
 

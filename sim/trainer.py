@@ -50,7 +50,7 @@ class Trainer:
             self.rec.step_ends.append(self.env.now)
             self.rec.step_samples.append(len(batch))
             self.rec.step_tokens.append(tokens)
-            self.rec.events += 1
+            self.rec.count()
             version = step + 1
             t2 = self.env.now
             ready_at = t2 + self.sync_seconds
