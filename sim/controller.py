@@ -7,20 +7,41 @@ each later step can still do so: for every start version L in (s - eta, s], the 
 <= L left untrained must fit the L + eta - s steps that remain for them. By induction over steps
 this is always reachable by waiting for completions: no sample is dropped, none is trained twice,
 and no token is older than eta versions.
+
+Admitted samples are routed, one at a time, to the engine running the current weights whose decode
+iteration would be shortest with one more request: a least-load router (as in AReaL and SGLang)
+that knows a mixed fleet's speeds, so work water-fills from the fastest engines. Engines pulling
+on their own would let the first few take the whole staleness allowance.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
+import simpy
 
 from sim.sample import Sample
 
 
+class Worker(Protocol):
+    """What the router needs to know of a rollout engine."""
+
+    def accepting(self, version: int) -> bool: ...
+    def load(self) -> int: ...
+    def capacity(self) -> int: ...
+    def iteration_seconds(self, batch: int) -> float: ...
+    def assign(self, samples: list[Sample]) -> None: ...
+
+
 class Controller:
-    def __init__(self, batch: int, eta: int, prompts: np.ndarray, responses: np.ndarray) -> None:
+    def __init__(self, env: simpy.Environment, batch: int, eta: int, prompts: np.ndarray, responses: np.ndarray
+                 ) -> None:
+        self.env = env
+        self._dispatch_pending = False
         self.batch = batch
         self.eta = eta
         self.version = 0
@@ -28,37 +49,79 @@ class Controller:
         self._prompts = prompts
         self._responses = responses
         self.in_flight: Counter[int] = Counter()  # start version -> samples admitted, not yet buffered
-        self.buffer: list[Sample] = []
-        self.on_capacity: list[Callable[[], None]] = []  # engines to wake when admission reopens
+        self.buffer: dict[int, list[Sample]] = {}  # start version -> completed samples, not yet trained
+        self.buffered = 0
+        self.engines: list[Worker] = []
         self.on_buffer: Callable[[], None] = lambda: None  # the trainer's wake-up
 
     def allowance(self) -> int:
         return min((self.eta + self.version + 1) * self.batch - self.admitted, len(self._prompts) - self.admitted)
 
-    def grant(self, wanted: int) -> list[Sample]:
-        n = max(0, min(wanted, self.allowance()))
-        out = [
-            Sample(sid, int(self._prompts[sid]), int(self._responses[sid]), self.version)
-            for sid in range(self.admitted, self.admitted + n)
+    def request_dispatch(self) -> None:
+        """Route at the end of this instant, once every engine whose state changes now has changed.
+
+        Engines loading the same weights finish at the same time; routing at the first one's
+        completion would hand it the whole batch.
+        """
+        if not self._dispatch_pending:
+            self._dispatch_pending = True
+            self.env.timeout(0).callbacks.append(self._dispatch)
+
+    def _dispatch(self, _event: simpy.Event) -> None:
+        self._dispatch_pending = False
+        self.dispatch()
+
+    def dispatch(self) -> None:
+        """Admit what the capacity rule allows and route each sample to the least-loaded engine."""
+        n = self.allowance()
+        if n <= 0:
+            return
+        heap = [
+            (e.iteration_seconds(e.load() + 1), i, e.load()) for i, e in enumerate(self.engines)
+            if e.accepting(self.version) and e.load() < e.capacity()
         ]
-        self.admitted += n
-        self.in_flight[self.version] += n
-        return out
+        heapq.heapify(heap)
+        given: dict[int, list[Sample]] = {}
+        while n > 0 and heap:
+            _, i, load = heapq.heappop(heap)
+            sid = self.admitted
+            given.setdefault(i, []).append(
+                Sample(sid, int(self._prompts[sid]), int(self._responses[sid]), self.version))
+            self.admitted += 1
+            n -= 1
+            e = self.engines[i]
+            if load + 1 < e.capacity():
+                heapq.heappush(heap, (e.iteration_seconds(load + 2), i, load + 1))
+        for i, samples in given.items():
+            self.in_flight[self.version] += len(samples)
+            self.engines[i].assign(samples)
 
     def completed(self, samples: list[Sample]) -> None:
         for s in samples:
             self.in_flight[s.start_version] -= 1
-        self.buffer.extend(samples)
+            self.buffer.setdefault(s.start_version, []).append(s)
+        self.buffered += len(samples)
         self.on_buffer()
+
+    def _batch_levels(self) -> dict[int, int]:
+        """How many samples of each start version the next batch (the B oldest) takes."""
+        out, need = {}, self.batch
+        for level in sorted(self.buffer):
+            n = min(need, len(self.buffer[level]))
+            if n:
+                out[level], need = n, need - n
+            if need == 0:
+                break
+        return out
 
     def ready(self, step: int) -> bool:
         """Step `step` may train the B oldest buffered samples without breaking the bound later."""
-        if len(self.buffer) < self.batch:
+        if self.buffered < self.batch:
             return False
-        self.buffer.sort(key=lambda s: (s.start_version, s.sid))
+        taken = self._batch_levels()
         untrained: Counter[int] = Counter(self.in_flight)
-        for s in self.buffer[self.batch :]:
-            untrained[s.start_version] += 1
+        for level, samples in self.buffer.items():
+            untrained[level] += len(samples) - taken.get(level, 0)
         left = 0
         for level in range(min((v for v, n in untrained.items() if n > 0), default=step), step + 1):
             left += untrained.get(level, 0)
@@ -67,10 +130,16 @@ class Controller:
         return True
 
     def take(self) -> list[Sample]:
-        batch, self.buffer = self.buffer[: self.batch], self.buffer[self.batch :]
+        """The B oldest buffered samples, by start version then sample id."""
+        batch: list[Sample] = []
+        for level, n in self._batch_levels().items():
+            pool = sorted(self.buffer.pop(level), key=lambda s: s.sid)
+            batch.extend(pool[:n])
+            if pool[n:]:
+                self.buffer[level] = pool[n:]
+        self.buffered -= len(batch)
         return batch
 
     def new_version(self, version: int) -> None:
         self.version = version
-        for wake in self.on_capacity:
-            wake()
+        self.request_dispatch()

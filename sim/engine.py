@@ -27,30 +27,46 @@ class Engine:
         self, env: simpy.Environment, name: str, group: str, decode: DecodeTable, prefill: PrefillCurve,
         max_batch: int, kv_tokens: float, controller: Controller, recorder: Recorder,
         finish: Callable[[list[Sample]], None],
-        *, interruptible: bool, token_level: bool = False,
+        *, mean_iteration_s: tuple[float, ...], interruptible: bool, token_level: bool = False,
     ) -> None:
         self.env, self.name, self.group = env, name, group
         self.decode, self.prefill = decode, prefill
         self.max_batch, self.kv_tokens = max_batch, kv_tokens
         self.controller, self.rec, self.finish = controller, recorder, finish
         self.interruptible, self.token_level = interruptible, token_level
+        self.mean_iteration_s = mean_iteration_s
         self.version = 0
         self.progress = 0  # decode iterations run so far
         self.context = 0.0  # total tokens held in the KV cache by running samples
         self.heap: list[tuple[int, int, Sample]] = []  # (progress at which it finishes, sid, sample)
         self.running: dict[int, Sample] = {}
         self.waiting: deque[Sample] = deque()  # preempted samples, first in line
+        self.inbox: deque[Sample] = deque()  # routed here, not yet admitted
         self.version_log: list[tuple[int, int]] = [(0, 0)]  # (progress, version) from then on
         self.update: tuple[int, float] | None = None  # (version, time the new weights are in)
         self._wake: simpy.Event | None = None
-        controller.on_capacity.append(self.poke)
+        controller.engines.append(self)
         self.proc = env.process(self.run())
 
-    # ---- outside events -------------------------------------------------------------------
-    def poke(self) -> None:
-        """Admission reopened: if there is room, stop at the next iteration boundary and admit."""
-        if self.update or self._has_room():
-            self._interrupt()
+    # ---- the router's view (sim.controller.Worker) ------------------------------------------
+    def accepting(self, version: int) -> bool:
+        """New samples start under the current weights only: none while an update is pending."""
+        return self.update is None and self.version == version
+
+    def load(self) -> int:
+        return len(self.running) + len(self.waiting) + len(self.inbox)
+
+    def capacity(self) -> int:
+        return self.max_batch
+
+    def iteration_seconds(self, batch: int) -> float:
+        """A decode iteration of `batch` mean-length samples: what the router balances."""
+        return self.mean_iteration_s[min(batch, len(self.mean_iteration_s) - 1)]
+
+    def assign(self, samples: list[Sample]) -> None:
+        """The router sent requests: stop at the next iteration boundary and admit them."""
+        self.inbox.extend(samples)
+        self._interrupt()
 
     def request_update(self, version: int, ready_at: float) -> None:
         self.update = (version, ready_at)
@@ -76,24 +92,18 @@ class Engine:
                 continue
             yield from self._decode()
 
-    def _has_room(self) -> bool:
-        return len(self.running) < self.max_batch and self.context < self.kv_tokens
-
     def _admit(self) -> list[Sample]:
         if self.update is not None:  # a non-interruptible engine drains before it loads new weights
             return []
         new: list[Sample] = []
         while self.waiting and self._fits(self.waiting[0], len(new)):
             new.append(self.waiting.popleft())
-        free = self.max_batch - len(self.running) - len(new)
-        if free > 0 and not self.waiting:
-            # samples start under this engine's weights: admission waits until they are current
-            assert self.version == self.controller.version, (self.name, self.version, self.controller.version)
-            for s in self.controller.grant(free):
-                if self._fits(s, len(new)):
-                    new.append(s)
-                else:
-                    self.waiting.append(s)
+        while self.inbox and not self.waiting and len(self.running) + len(new) < self.max_batch:
+            s = self.inbox.popleft()
+            if self._fits(s, len(new)):
+                new.append(s)
+            else:
+                self.waiting.append(s)
         for s in new:
             self.context += s.prompt + s.generated
             s.joined_at = self.progress
@@ -159,6 +169,7 @@ class Engine:
             done.append(s)
         if done:
             self.finish(done)
+            self.controller.request_dispatch()
 
     def _settle(self, s: Sample) -> None:
         """Credit the tokens generated since it joined, split by the policy version that made them."""
@@ -195,6 +206,7 @@ class Engine:
             self.update = None
         self.version = version
         self.version_log.append((self.progress, version))
+        self.controller.request_dispatch()
         if self.running:  # the KV cache was computed by the old weights: recompute it
             start = self.env.now
             yield self.env.timeout(self.prefill(self.context))

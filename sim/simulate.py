@@ -28,6 +28,7 @@ class _EngineSpec:
     kv_tokens: float
     decode: DecodeTable
     prefill: PrefillCurve
+    mean_iteration_s: tuple[float, ...]  # [b]: one iteration of b mean-length samples (router)
 
 
 def check_plan(cluster: Cluster, workload: Workload, plan: Plan) -> None:
@@ -67,8 +68,11 @@ def _engine_specs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Pla
             )
         decode = DecodeTable.build(cm, gpu, model, g.tp, cap_running, kv)
         prefill = PrefillCurve.build(cm, gpu, model, g.tp, kv, workload.prompt_len.expected())
+        mean = workload.prompt_len.expected() + workload.response_len.expected() / 2
+        iteration = (0.0, *(decode.total(b, min(kv, b * mean), 1) for b in range(1, cap_running + 1)))
         for i in range(g.instances):
-            specs.append(_EngineSpec(g, f"{g.gpu_type}-tp{g.tp}-g{gi}-e{i}", cap_running, kv, decode, prefill))
+            specs.append(_EngineSpec(g, f"{g.gpu_type}-tp{g.tp}-g{gi}-e{i}", cap_running, kv, decode, prefill,
+                                     iteration))
     return specs
 
 
@@ -102,7 +106,9 @@ def _step_costs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan)
           "inter_node_bytes_per_s": inter}
 
     def step_seconds(tokens: int) -> tuple[float, float]:
-        logprob = float(cm.logprob(gpu, workload.model, t.dp, t.tp, t.pp, tokens, **kw).seconds)
+        # the proximal policy's logprobs, and the reference policy's where the loss has a KL term
+        passes = 2 if workload.kl_reference else 1
+        logprob = passes * float(cm.logprob(gpu, workload.model, t.dp, t.tp, t.pp, tokens, **kw).seconds)
         train = m * float(cm.train(gpu, workload.model, t.dp, t.tp, t.pp, tokens / m, recompute=t.recompute,
                                    **kw).seconds)
         return logprob, train
@@ -127,7 +133,7 @@ def simulate(
     rng = np.random.default_rng(seed)
     prompts = workload.prompt_len.sample(rng, total)
     responses = workload.response_len.sample(rng, total)
-    ctl = Controller(batch, eta, prompts, responses)
+    ctl = Controller(env, batch, eta, prompts, responses)
 
     def finish(done: list[Sample]) -> None:
         if workload.reward_seconds > 0:
@@ -137,10 +143,12 @@ def simulate(
 
     engines = [
         Engine(env, s.name, _group_key(s.group), s.decode, s.prefill, s.max_batch, s.kv_tokens, ctl, rec, finish,
-               interruptible=workload.interruptible and plan.mode == "async", token_level=token_level)
+               mean_iteration_s=s.mean_iteration_s, interruptible=workload.interruptible and plan.mode == "async",
+               token_level=token_level)
         for s in _engine_specs(cm, cluster, workload, plan)
     ]
     n_engines = len(engines)
+    ctl.request_dispatch()
     sync_s = float(cm.sync(cluster.gpu(plan.trainer.gpu_type), workload.model, n_engines,
                            _path_bytes_per_s(cluster, plan)).seconds)
 
@@ -148,11 +156,22 @@ def simulate(
         for e in engines:
             e.request_update(version, ready_at)
 
-    trainer = Trainer(env, ctl, rec, steps, _step_costs(cm, cluster, workload, plan), sync_s, push)
+    trainer = Trainer(env, ctl, rec, steps, _step_costs(cm, cluster, workload, plan), sync_s, push,
+                      switch_seconds=_switch_seconds(cm, cluster, workload, plan))
     if record_queue:
         env.process(_sample_queue(env, ctl, engines, rec))
     env.run(until=trainer.done)
     return _result(rec, ctl, engines, plan, cluster, env.now)
+
+
+def _switch_seconds(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan) -> float:
+    """Colocated plans hand the GPUs from engines to trainer and back every step."""
+    if plan.mode != "colocated":
+        return 0.0
+    t = plan.trainer
+    engine_tp = max(g.tp for g in plan.rollout)
+    return float(cm.colocate_switch(cluster.gpu(t.gpu_type), workload.model, engine_tp, t.dp, t.tp, t.pp,
+                                    zero_stage=t.zero_stage).seconds)
 
 
 def _group_key(g: RolloutGroup) -> str:
@@ -162,9 +181,9 @@ def _group_key(g: RolloutGroup) -> str:
 def _sample_queue(env: simpy.Environment, ctl: Controller, engines: list[Engine], rec: Recorder):  # type: ignore[no-untyped-def]
     period = 1.0
     while True:
-        waiting = sum(len(e.waiting) for e in engines)
+        waiting = sum(len(e.waiting) + len(e.inbox) for e in engines)
         in_flight = sum(ctl.in_flight.values())
-        rec.queue.append((env.now, waiting, in_flight, len(ctl.buffer)))
+        rec.queue.append((env.now, waiting, in_flight, ctl.buffered))
         yield env.timeout(period)
         period = max(1.0, env.now / 200)  # about 200 points per run whatever its length
 
@@ -202,7 +221,7 @@ def _result(
         trained_samples=len(rec.trained_ids),
         trained_ids=tuple(rec.trained_ids),
         admitted=ctl.admitted,
-        in_flight=sum(ctl.in_flight.values()) + len(ctl.buffer),
+        in_flight=sum(ctl.in_flight.values()) + ctl.buffered,
         events=rec.events,
         sim_seconds=end,
         mode=plan.mode,

@@ -15,11 +15,12 @@ class Trainer:
     def __init__(
         self, env: simpy.Environment, controller: Controller, recorder: Recorder, steps: int,
         step_seconds: Callable[[int], tuple[float, float]], sync_seconds: float,
-        push_weights: Callable[[int, float], None], name: str = "trainer",
+        push_weights: Callable[[int, float], None], name: str = "trainer", switch_seconds: float = 0.0,
     ) -> None:
         self.env, self.ctl, self.rec = env, controller, recorder
         self.steps, self.step_seconds, self.sync_seconds = steps, step_seconds, sync_seconds
         self.push_weights, self.name = push_weights, name
+        self.switch_seconds = switch_seconds  # colocated: engines hand the GPUs over and back
         self._wake: simpy.Event | None = None
         controller.on_buffer = self._poke
         self.done = env.process(self.run())
@@ -41,6 +42,7 @@ class Trainer:
                     self.rec.staleness_tokens[step - version] += n
                 self.rec.trained_ids.append(s.sid)
             logprob_s, train_s = self.step_seconds(tokens)
+            yield from self._switch(step, len(batch))
             t0 = self.env.now
             yield self.env.timeout(logprob_s)
             self.rec.interval(self.name, "trainer", "logprob", t0, self.env.now, step, len(batch))
@@ -51,6 +53,7 @@ class Trainer:
             self.rec.step_samples.append(len(batch))
             self.rec.step_tokens.append(tokens)
             self.rec.count()
+            yield from self._switch(step, len(batch))
             version = step + 1
             t2 = self.env.now
             ready_at = t2 + self.sync_seconds
@@ -58,3 +61,9 @@ class Trainer:
             self.ctl.new_version(version)
             yield self.env.timeout(self.sync_seconds)
             self.rec.interval(self.name, "trainer", "sync", t2, self.env.now, version, len(batch))
+
+    def _switch(self, step: int, samples: int) -> Generator[simpy.Event, Any, None]:
+        if self.switch_seconds > 0:
+            t = self.env.now
+            yield self.env.timeout(self.switch_seconds)
+            self.rec.interval(self.name, "trainer", "switch", t, self.env.now, step, samples)

@@ -158,8 +158,8 @@ def test_longtail_async_beats_sync_colocated_and_gap_closes_when_fixed() -> None
     ratios = {}
     for name, resp in (("longtail", LengthDist(kind="lognormal", mean=1000, sigma=1.2, cap=8000)),
                        ("fixed", LengthDist(kind="fixed", value=256))):
-        w_async = _workload(resp, "async", eta=4, prompts=32, group=8, model="qwen2.5-7b")
-        w_sync = _workload(resp, "colocated", prompts=32, group=8, model="qwen2.5-7b")
+        w_async = _workload(resp, "async", eta=4, prompts=64, group=16, model="qwen2.5-7b")
+        w_sync = _workload(resp, "colocated", prompts=64, group=16, model="qwen2.5-7b")
         a = simulate(cluster, w_async, Plan(mode="async", staleness=4,
                      rollout=(RolloutGroup(gpu_type="H800", instances=8),),
                      trainer=TrainerGroup(gpu_type="H800", dp=8)),
@@ -168,8 +168,8 @@ def test_longtail_async_beats_sync_colocated_and_gap_closes_when_fixed() -> None
                      trainer=TrainerGroup(gpu_type="H800", dp=16)), CM, steps=8, seed=1)
         ratios[name] = a.samples_per_s / c.samples_per_s
     print(f"async/colocated-sync throughput: long-tailed {ratios['longtail']:.2f}x, fixed {ratios['fixed']:.2f}x")
-    assert ratios["longtail"] > 1.2
-    assert ratios["fixed"] < ratios["longtail"]
+    assert ratios["longtail"] > 2.0  # AReaL reports up to 2.77x
+    assert ratios["fixed"] < 1.5  # short fixed lengths: the gap nearly closes
     assert abs(ratios["fixed"] - 1) < abs(ratios["longtail"] - 1)
 
 
@@ -181,3 +181,38 @@ def test_queue_and_timeline_shapes() -> None:
     assert (tl.end > tl.start).all()
     assert not r.queue.empty
     assert r.cost_per_1k_samples > 0 and np.isfinite(r.cost_per_1k_samples)
+
+
+def test_router_water_fills_from_the_fastest_engines() -> None:
+    """Admissions spread evenly over the fastest engines, and reach slower ones only as those fill."""
+    plan = Plan(mode="async", staleness=0, trainer=TrainerGroup(gpu_type="H800", dp=8),
+                rollout=(RolloutGroup(gpu_type="H20", instances=4), RolloutGroup(gpu_type="L40S", instances=4)))
+    shares = {}
+    for prompts in (16, 96):  # 128 and 768 samples per step, 8 x 256 engine slots
+        w = _workload(FIXED, eta=0, prompts=prompts, group=8, model="qwen2.5-7b")
+        tl = simulate(CLUSTER, w, plan, CM, steps=1).timeline
+        first = tl[(tl.activity == "prefill") & (tl.start == 0)].set_index("resource").samples
+        assert first.sum() == prompts * 8
+        shares[prompts] = {gpu: first[first.index.str.startswith(gpu)].tolist() for gpu in ("H20", "L40S")}
+    # few samples: only H20 (4.0 TB/s) runs them, evenly; at a small batch it decodes far faster
+    assert shares[16] == {"H20": [32] * 4, "L40S": []}
+    # many: H20 batches grow compute-bound (148 TFLOP/s) until the L40S is as fast; both get work
+    h20, l40s = shares[96]["H20"], shares[96]["L40S"]
+    assert len(set(h20)) == 1 and len(l40s) == 4 and 0 < max(l40s) < h20[0]
+
+
+def test_colocated_pays_the_hand_over_and_kl_reference_a_second_pass() -> None:
+    colo = simulate(CLUSTER, _workload(FIXED, "colocated"), _plan("colocated"), CM, steps=2, seed=0).timeline
+    switch = colo[colo.activity == "switch"]
+    assert len(switch) == 4  # engines -> trainer and back, every step
+    h800, m = CLUSTER.gpu("H800"), get_model("qwen2.5-1.5b")
+    expected = float(CM.colocate_switch(h800, m, 1, 8, 1, 1, zero_stage=3).seconds)
+    assert (switch.end - switch.start).to_numpy() == pytest.approx([expected] * 4)
+    disagg = simulate(CLUSTER, _workload(FIXED), _plan(), CM, steps=2, seed=0).timeline
+    assert "switch" not in set(disagg.activity)
+
+    w = _workload(FIXED)
+    lp = {kl: simulate(CLUSTER, w.model_copy(update={"kl_reference": kl}), _plan(), CM, steps=2, seed=0).timeline
+          for kl in (False, True)}
+    secs = {kl: (t[t.activity == "logprob"].end - t[t.activity == "logprob"].start).iloc[0] for kl, t in lp.items()}
+    assert secs[True] == pytest.approx(2 * secs[False])

@@ -29,6 +29,7 @@ class GpuType(BaseModel):
     hbm_tb_per_s: float = Field(gt=0, le=1e3, description="HBM bandwidth, TB/s")
     link_gb_per_s: float = Field(gt=0, le=1e5, description="intra-node link, GB/s, bidirectional")
     link_kind: str = "nvlink"
+    host_gb_per_s: float = Field(default=32, gt=0, le=1e4, description="PCIe link to host memory, GB/s, one way")
     price_per_gpu_hour: float = Field(ge=0, le=1e4)
     # Share of the datasheet peak that large GEMMs reach on this type. Hopper: 0.80, measured on
     # an H200 (calibration row K8: 790 of 989 TFLOP/s). Others: 1.0 until measured. The fitted
@@ -54,6 +55,10 @@ class GpuType(BaseModel):
     def link_bytes_per_s(self) -> float:
         """One direction of the intra-node link (published figures count both)."""
         return self.link_gb_per_s * 1e9 / 2
+
+    @property
+    def host_bytes_per_s(self) -> float:
+        return self.host_gb_per_s * 1e9
 
 
 class Catalog(BaseModel):

@@ -131,6 +131,8 @@ class Workload(BaseModel):
     interruptible: bool = True
     reward_seconds: float = Field(default=0.0, ge=0, le=3600, description="reward latency per sample")
     ppo_minibatches: int = Field(default=1, ge=1, le=1024)
+    kl_reference: bool = Field(
+        default=False, description="KL penalty to a frozen reference policy: one more forward pass per step")
 
     @field_validator("model", mode="before")
     @classmethod

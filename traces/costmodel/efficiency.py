@@ -38,6 +38,11 @@ class Efficiency:
     max_num_seqs: int = 256
     # Prefill is chunked: tokens priced together per chunk (vLLM max_num_batched_tokens).
     prefill_chunk_tokens: int = 8192
+    # Colocated hand-over (roofline.colocate_switch_seconds). Not fitted: no calibration row
+    # isolates it. Pinned host copies reach about 80% of the PCIe peak; the fixed part (freeing
+    # and re-allocating the KV cache, waking the engine) is an assumption of half a second.
+    host_copy: float = 0.8
+    switch_fixed_s: float = 0.5
     # Trainer memory reserve per GPU (CUDA context, NCCL buffers, fragmentation).
     train_reserve_bytes: float = 3e9
 

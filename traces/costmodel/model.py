@@ -103,6 +103,15 @@ class CostModel:
             lambda k, a: rf.sync_seconds(model, a["batch"], path_bytes_per_s, eff),
         )
 
+    def colocate_switch(
+        self, gpu: GpuType, model: ModelSpec, engine_tp: ArrayLike, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike,
+        *, zero_stage: int = 3,
+    ) -> Estimate:
+        """Seconds of one hand-over of colocated GPUs between engine and trainer (roofline only)."""
+        secs = np.asarray(rf.colocate_switch_seconds(gpu, model, engine_tp, dp, tp, pp, self.efficiency,
+                                                     zero_stage=zero_stage), float)
+        return Estimate(secs, np.full(secs.shape, ROOFLINE, dtype=object))
+
     # ---- memory ------------------------------------------------------------------------
     def kv_capacity_tokens(self, gpu: GpuType, model: ModelSpec, tp: ArrayLike) -> np.ndarray:
         return rf.kv_capacity_tokens(gpu, model, tp, self.efficiency)

@@ -168,24 +168,16 @@ def train_memory_bytes(
     zero_stage: int = 3,
     recompute: str = "selective",
 ) -> Array:
-    """Peak bytes per GPU of mixed-precision Adam training.
+    """Peak bytes per GPU of mixed-precision Adam training: states (train_state_bytes) + activations.
 
-    States: 2 (bf16 weights) + 2 (grads) + 12 (fp32 master, m, v) bytes/param over tp pp, with
-    ZeRO stage 1/2/3 sharding the optimizer / +grads / +weights over dp.
     Activations per layer per token (Korthikanti et al. 2022, flash attention, sequence parallel):
     34 h / t bytes; 'none' adds the 5 a s attention-score term, 'full' keeps only the 2 h input.
     A 1F1B first stage holds pp microbatches of layers/pp layers. Logits: bf16 T x V / t.
     """
-    d, t, p = _f(dp), _f(tp), _f(pp)
+    t = _f(tp)
+    p = _f(pp)
     mb, s = _f(microbatch_tokens), _f(seq_len)
-    per_param = model.params / (t * p)
-    weights, grads, optim = 2.0 * per_param, 2.0 * per_param, 12.0 * per_param
-    if zero_stage >= 1:
-        optim = optim / d
-    if zero_stage >= 2:
-        grads = grads / d
-    if zero_stage >= 3:
-        weights = weights / d
+    states = train_state_bytes(model, dp, tp, pp, zero_stage=zero_stage)
     h = model.hidden
     if recompute == "full":
         per_layer = 2.0 * h * mb
@@ -196,7 +188,40 @@ def train_memory_bytes(
     # 1F1B: the first stage holds pp microbatches of layers/pp layers = one microbatch of all layers.
     activations = per_layer * model.layers * np.ones_like(p)
     logits = 2.0 * mb * model.vocab / t
-    return weights + grads + optim + activations + logits + eff.train_reserve_bytes
+    return states + activations + logits + eff.train_reserve_bytes
+
+
+def train_state_bytes(model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, *, zero_stage: int = 3) -> Array:
+    """Bytes per GPU of weights, gradients and Adam states (ZeRO paper, Rajbhandari et al. 2020).
+
+    2 (bf16 weights) + 2 (grads) + 12 (fp32 master, m, v) bytes/param over tp pp; ZeRO stage
+    1/2/3 shards the optimizer / +grads / +weights over dp.
+    """
+    d, t, p = _f(dp), _f(tp), _f(pp)
+    per_param = model.params / (t * p)
+    weights, grads, optim = 2.0 * per_param, 2.0 * per_param, 12.0 * per_param
+    if zero_stage >= 1:
+        optim = optim / d
+    if zero_stage >= 2:
+        grads = grads / d
+    if zero_stage >= 3:
+        weights = weights / d
+    return weights + grads + optim
+
+
+def colocate_switch_seconds(
+    gpu: GpuType, model: ModelSpec, engine_tp: ArrayLike, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike,
+    eff: Efficiency, *, zero_stage: int = 3,
+) -> Array:
+    """One hand-over of colocated GPUs between the rollout engine and the trainer.
+
+    The side that stops offloads its weights/states to host memory while the other loads its own
+    back over the same PCIe link (full duplex, so the larger of the two transfers), plus a fixed
+    cost for freeing and re-allocating the KV cache. A step has two hand-overs.
+    """
+    engine = model.weight_bytes / _f(engine_tp)
+    trainer = train_state_bytes(model, dp, tp, pp, zero_stage=zero_stage)
+    return eff.switch_fixed_s + np.maximum(engine, trainer) / (gpu.host_bytes_per_s * eff.host_copy)
 
 
 def sync_seconds(model: ModelSpec, engines: ArrayLike, path_bytes_per_s: ArrayLike, eff: Efficiency) -> Array:
