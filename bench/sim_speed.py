@@ -30,11 +30,12 @@ PLAN = Plan(mode="async", staleness=4, rollout=(RolloutGroup(gpu_type="H20", tp=
             trainer=TrainerGroup(gpu_type="H800", dp=256))
 
 
-def timed(steps: int, token_level: bool) -> tuple[float, float, int]:
-    t0 = time.perf_counter()
+def timed(steps: int, token_level: bool) -> tuple[float, float, int, float]:
+    """Wall seconds, simulated seconds, events, and CPU seconds (steadier on a shared machine)."""
+    t0, c0 = time.perf_counter(), time.process_time()
     r = simulate(CLUSTER, WORKLOAD, PLAN, CostModel.roofline_only(), steps=steps, seed=0,
                  token_level=token_level, record_queue=False)
-    return time.perf_counter() - t0, r.sim_seconds, r.events
+    return time.perf_counter() - t0, r.sim_seconds, r.events, time.process_time() - c0
 
 
 def main() -> None:
@@ -44,11 +45,11 @@ def main() -> None:
     args = ap.parse_args()
     print(f"plan: {PLAN.total_gpus} GPUs ({PLAN.rollout[0].instances} H20 engines, H800 trainer dp"
           f"{PLAN.trainer.dp}), {WORKLOAD.samples_per_step} samples/step, responses up to 16k")
-    wall, sim_s, events = timed(args.steps, token_level=False)
-    print(f"fast path, {args.steps} steps: wall {wall:.2f} s, {events} events ({events / wall:,.0f}/s), "
-          f"{sim_s:,.0f} simulated s = {sim_s / wall:,.0f} simulated s per wall s")
-    fast_wall, fast_sim, fast_events = timed(args.ref_steps, token_level=False)
-    ref_wall, ref_sim, ref_events = timed(args.ref_steps, token_level=True)
+    wall, sim_s, events, cpu = timed(args.steps, token_level=False)
+    print(f"fast path, {args.steps} steps: wall {wall:.2f} s (cpu {cpu:.2f} s), {events} events "
+          f"({events / wall:,.0f}/s), {sim_s:,.0f} simulated s = {sim_s / wall:,.0f} simulated s per wall s")
+    fast_wall, fast_sim, fast_events, _ = timed(args.ref_steps, token_level=False)
+    ref_wall, ref_sim, ref_events, _ = timed(args.ref_steps, token_level=True)
     assert abs(fast_sim - ref_sim) <= 1e-6 * ref_sim, (fast_sim, ref_sim)
     print(f"same plan, {args.ref_steps} step(s), side by side: token-level {ref_wall:.2f} s wall "
           f"({ref_events} events) vs fast {fast_wall:.3f} s ({fast_events} events): "

@@ -46,13 +46,17 @@ class Controller:
         self.eta = eta
         self.version = 0
         self.admitted = 0
-        self._prompts = prompts
-        self._responses = responses
+        self._prompts: list[int] = prompts.tolist()  # plain ints: indexing numpy per sample is slow
+        self._responses: list[int] = responses.tolist()
         self.in_flight: Counter[int] = Counter()  # start version -> samples admitted, not yet buffered
         self.buffer: dict[int, list[Sample]] = {}  # start version -> completed samples, not yet trained
         self.buffered = 0
         self.engines: list[Worker] = []
         self.on_buffer: Callable[[], None] = lambda: None  # the trainer's wake-up
+        # while the trainer waits for step `_watch_step`: start version L -> how many more samples of
+        # versions <= L must be buffered before that step is ready (see `watch`)
+        self._watch_step: int | None = None
+        self._short: dict[int, int] = {}
 
     def allowance(self) -> int:
         return min((self.eta + self.version + 1) * self.batch - self.admitted, len(self._prompts) - self.admitted)
@@ -61,9 +65,10 @@ class Controller:
         """Route at the end of this instant, once every engine whose state changes now has changed.
 
         Engines loading the same weights finish at the same time; routing at the first one's
-        completion would hand it the whole batch.
+        completion would hand it the whole batch. Nothing to route without allowance, and it only
+        grows with a new version, which asks again.
         """
-        if not self._dispatch_pending:
+        if not self._dispatch_pending and self.allowance() > 0:
             self._dispatch_pending = True
             self.env.timeout(0).callbacks.append(self._dispatch)
 
@@ -83,25 +88,65 @@ class Controller:
         heapq.heapify(heap)
         given: dict[int, list[Sample]] = {}
         while n > 0 and heap:
-            _, i, load = heapq.heappop(heap)
+            _, i, load = heap[0]
             sid = self.admitted
-            given.setdefault(i, []).append(
-                Sample(sid, int(self._prompts[sid]), int(self._responses[sid]), self.version))
+            given.setdefault(i, []).append(Sample(sid, self._prompts[sid], self._responses[sid], self.version))
             self.admitted += 1
             n -= 1
             e = self.engines[i]
-            if load + 1 < e.capacity():
-                heapq.heappush(heap, (e.iteration_seconds(load + 2), i, load + 1))
+            if load + 1 < e.capacity():  # heapreplace: pop then push in one sift, same order
+                heapq.heapreplace(heap, (e.iteration_seconds(load + 2), i, load + 1))
+            else:
+                heapq.heappop(heap)
         for i, samples in given.items():
             self.in_flight[self.version] += len(samples)
             self.engines[i].assign(samples)
+        if self._watch_step is not None:  # more samples in flight: the shortfalls change
+            self.watch(self._watch_step)
 
     def completed(self, samples: list[Sample]) -> None:
         for s in samples:
             self.in_flight[s.start_version] -= 1
             self.buffer.setdefault(s.start_version, []).append(s)
         self.buffered += len(samples)
-        self.on_buffer()
+        if self._watch_step is None:
+            self.on_buffer()
+            return
+        short = self._short
+        for s in samples:
+            for level in [lv for lv in short if lv >= s.start_version]:
+                short[level] -= 1
+                if short[level] == 0:
+                    del short[level]
+        if not short:
+            self.on_buffer()
+
+    def watch(self, step: int) -> None:
+        """Wake the trainer (on_buffer) only once completions could make `step` ready.
+
+        `ready` compares, for each start version L, the samples of versions <= L left untrained with
+        what the remaining steps may take; a completion only moves a sample from in flight to the
+        buffer, so untrained(L) = total(L) - min(B, buffered(L)) and the condition is a count per L:
+        buffered(L) >= total(L) - allowed(L), and buffered(step) >= B. Each completion at version v
+        lowers the shortfall of every L >= v by one, so checking costs O(eta) per completion, and
+        `ready` itself runs once. The trainer still confirms with `ready`; admissions recompute this.
+        """
+        self._watch_step = step
+        self._short = {}
+        levels = [lv for lv, n in self.in_flight.items() if n > 0] + [lv for lv, b in self.buffer.items() if b]
+        total = buffered = 0
+        for level in range(min(levels, default=step), step + 1):
+            here = len(self.buffer.get(level, ()))
+            total += self.in_flight.get(level, 0) + here
+            buffered += here
+            need = total - max(0, level + self.eta - step) * self.batch
+            if level == step:
+                need = max(need, self.batch)
+            if need > buffered:
+                self._short[level] = need - buffered
+
+    def unwatch(self) -> None:
+        self._watch_step, self._short = None, {}
 
     def _batch_levels(self) -> dict[int, int]:
         """How many samples of each start version the next batch (the B oldest) takes."""

@@ -9,7 +9,7 @@ iterations (S grows by B per iteration) are then closed-form arithmetic series p
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,6 +22,17 @@ GRID_POINTS = 64
 class DecodeTable:
     ds: float  # grid spacing in tokens of total context
     rows: tuple[tuple[float, ...], ...]  # rows[b][g] = seconds of one iteration, b running, S = g*ds
+    # on cell g of row b, t = base[b][g] + slope[b][g] * S: precomputed, as the event loop sums
+    # iterations at every completion
+    base: tuple[tuple[float, ...], ...] = field(init=False, repr=False)
+    slope: tuple[tuple[float, ...], ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        slopes = tuple(tuple((row[c + 1] - row[c]) / self.ds for c in range(len(row) - 1)) for row in self.rows)
+        bases = tuple(tuple(row[c] - sl[c] * c * self.ds for c in range(len(row) - 1))
+                      for row, sl in zip(self.rows, slopes, strict=True))
+        object.__setattr__(self, "slope", slopes)
+        object.__setattr__(self, "base", bases)
 
     @classmethod
     def build(
@@ -33,25 +44,25 @@ class DecodeTable:
         secs = cm.decode(gpu, model, tp, np.maximum(b, 1), s / np.maximum(b, 1)).seconds
         return cls(ds, tuple(tuple(float(x) for x in row) for row in secs))
 
-    def _cell(self, s: float) -> int:
-        return min(max(int(s / self.ds), 0), GRID_POINTS - 2)
-
     def total(self, b: int, s0: float, k: int) -> float:
         """Seconds of k iterations starting at total context s0: sum_{j<k} t(b, s0 + b j)."""
         if k <= 0:
             return 0.0
-        row, ds = self.rows[b], self.ds
+        bases, slopes, ds = self.base[b], self.slope[b], self.ds
+        last = GRID_POINTS - 2
         out, j = 0.0, 0
         while j < k:
-            s = s0 + b * j
-            c = self._cell(s)
-            # last j still inside this cell (the last cell extends to infinity)
-            j_end = k if c == GRID_POINTS - 2 else min(k, max(j + 1, math.ceil(((c + 1) * ds - s0) / b)))
+            c = int((s0 + b * j) / ds)  # the grid cell; this runs at every completion
+            if c >= last:
+                c, j_end = last, k  # the last cell extends to infinity
+            else:
+                c = max(c, 0)
+                # last j still inside this cell
+                j_end = min(k, max(j + 1, math.ceil(((c + 1) * ds - s0) / b)))
             n = j_end - j
-            slope = (row[c + 1] - row[c]) / ds
-            base = row[c] - slope * c * ds  # t = base + slope * s on this cell
+            slope = slopes[c]
             # sum over j..j_end-1 of base + slope (s0 + b j)
-            out += n * (base + slope * s0) + slope * b * (j + j_end - 1) * n / 2
+            out += n * (bases[c] + slope * s0) + slope * b * (j + j_end - 1) * n / 2
             j = j_end
         return out
 

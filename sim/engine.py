@@ -43,8 +43,13 @@ class Engine:
         self.waiting: deque[Sample] = deque()  # preempted samples, first in line
         self.inbox: deque[Sample] = deque()  # routed here, not yet admitted
         self.version_log: list[tuple[int, int]] = [(0, 0)]  # (progress, version) from then on
+        # progress at the last weight load: its KV re-prefill makes every sample running then count
+        # as joined then, for the newest-first preemption order (their tokens are credited lazily)
+        self.reloaded_at = 0
         self.update: tuple[int, float] | None = None  # (version, time the new weights are in)
-        self._wake: simpy.Event | None = None
+        self._wake: simpy.Event | None = None  # idle: waiting for work
+        self._jump_end: float | None = None  # decoding: when the jump in progress would end
+        self._interrupted = False  # an interrupt is on its way to the jump in progress
         controller.engines.append(self)
         self.proc = env.process(self.run())
 
@@ -75,6 +80,10 @@ class Engine:
     def _interrupt(self) -> None:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+        elif self._jump_end is not None and not self._interrupted and self.env.now < self._jump_end:
+            # a jump that ends this very instant is not cut short: the engine stops there anyway
+            self._interrupted = True
+            self.proc.interrupt()
 
     # ---- the loop -------------------------------------------------------------------------
     def run(self) -> Generator[simpy.Event, Any, None]:
@@ -93,7 +102,8 @@ class Engine:
             yield from self._decode()
 
     def _admit(self) -> list[Sample]:
-        if self.update is not None:  # a non-interruptible engine drains before it loads new weights
+        # a non-interruptible engine drains before it loads new weights
+        if self.update is not None or not (self.waiting or self.inbox):
             return []
         new: list[Sample] = []
         while self.waiting and self._fits(self.waiting[0], len(new)):
@@ -136,11 +146,12 @@ class Engine:
         if self.token_level:
             yield self.env.timeout(duration)
         else:
-            self._wake = self.env.event()
-            done = self.env.timeout(duration)
-            yield done | self._wake
-            self._wake = None
-            if not done.processed:  # interrupted: finish the iteration in progress, then stop
+            # Process.interrupt rather than waiting on `timeout | wake`: interrupts are rare, and a
+            # condition event per jump costs more than the rest of the jump
+            self._jump_end = start + duration
+            try:
+                yield self.env.timeout(duration)
+            except simpy.Interrupt:  # finish the iteration in progress, then stop
                 elapsed = self.env.now - start
                 j = self.decode.done_within(b, self.context, k, elapsed)
                 # the iteration in progress always completes, even one that started this instant
@@ -150,6 +161,8 @@ class Engine:
                 rest = self.decode.total(b, self.context, k) - elapsed
                 if rest > 0:
                     yield self.env.timeout(rest)
+            finally:
+                self._jump_end, self._interrupted = None, False
         self.rec.count()
         self.rec.interval(self.name, self.group, "decode", start, self.env.now, self.version, b)
         self.progress += k
@@ -159,12 +172,13 @@ class Engine:
 
     def _complete(self) -> None:
         done: list[Sample] = []
-        while self.heap and self.heap[0][0] <= self.progress:
-            _, sid, s = heapq.heappop(self.heap)
-            if sid not in self.running or self.running[sid] is not s:
+        heap, running, progress = self.heap, self.running, self.progress
+        while heap and heap[0][0] <= progress:
+            _, sid, s = heapq.heappop(heap)
+            if running.get(sid) is not s:
                 continue  # stale heap entry of a preempted sample
             self._settle(s)
-            del self.running[sid]
+            del running[sid]
             self.context -= s.prompt + s.generated
             done.append(s)
         if done:
@@ -173,20 +187,32 @@ class Engine:
 
     def _settle(self, s: Sample) -> None:
         """Credit the tokens generated since it joined, split by the policy version that made them."""
-        joined, now = s.joined_at, self.progress
-        end_target = joined + (s.response - s.generated)
-        end = min(now, end_target)
-        for i, (from_progress, version) in enumerate(self.version_log):
-            until = self.version_log[i + 1][0] if i + 1 < len(self.version_log) else end
-            lo, hi = max(joined, from_progress), min(end, until)
-            if hi > lo:
-                s.add_tokens(version, hi - lo)
+        joined = s.joined_at
+        end = min(self.progress, joined + (s.response - s.generated))
+        from_progress, version = self.version_log[-1]
+        if from_progress <= joined:  # the usual case: one version made them all
+            s.add_tokens(version, end - joined)
+            s.joined_at = end
+            return
+        # walk back from the newest version: only those loaded since it joined made its tokens, so
+        # the cost does not grow with the number of steps run
+        pieces: list[tuple[int, int]] = []
+        until = end
+        for from_progress, version in reversed(self.version_log):
+            lo = max(joined, from_progress)
+            if until > lo:
+                pieces.append((version, until - lo))
+            if from_progress <= joined:
+                break
+            until = min(end, from_progress)
+        for version, n in reversed(pieces):
+            s.add_tokens(version, n)
         s.joined_at = end
 
     def _preempt(self) -> None:
         """vLLM-style recompute preemption: while the KV cache overflows, the newest sample leaves."""
         while self.context > self.kv_tokens and len(self.running) > 1:
-            sid = max(self.running, key=lambda i: (self.running[i].joined_at, i))
+            sid = max(self.running, key=lambda i: (max(self.running[i].joined_at, self.reloaded_at), i))
             s = self.running.pop(sid)
             self._settle(s)
             self.context -= s.prompt + s.generated
@@ -200,12 +226,12 @@ class Engine:
         if ready_at > start:
             yield self.env.timeout(ready_at - start)
         self.rec.interval(self.name, self.group, "weight_load", start, self.env.now, version, len(self.running))
-        for s in self.running.values():  # tokens so far belong to the old version
-            self._settle(s)
+        # no need to credit the running samples' tokens now: _settle splits them by version_log later
         if self.update == request:  # a newer request that came in meanwhile stays pending
             self.update = None
         self.version = version
         self.version_log.append((self.progress, version))
+        self.reloaded_at = self.progress
         self.controller.request_dispatch()
         if self.running:  # the KV cache was computed by the old weights: recompute it
             start = self.env.now

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +18,7 @@ from sim.result import SimResult
 from sim.sample import Sample
 from sim.trainer import Trainer
 from traces import Cluster, CostModel, Plan, SpecError, Workload
+from traces.costmodel.rl import trainer_step_seconds
 from traces.plan import RolloutGroup
 
 
@@ -92,26 +94,16 @@ def _path_bytes_per_s(cluster: Cluster, plan: Plan) -> float:
     return best
 
 
-def _step_costs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan):  # type: ignore[no-untyped-def]
+def _step_costs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan
+                ) -> Callable[[int], tuple[float, float]]:
     t = plan.trainer
-    gpu = cluster.gpu(t.gpu_type)
     groups = cluster.groups_of(t.gpu_type)
-    per_node = groups[0].gpus_per_node
-    inter = min(g.inter_node_gb_per_s for g in groups) * 1e9
-    seq = workload.mean_tokens_per_sample
-    mb = workload.max_seq_len
-    m = workload.ppo_minibatches
-
-    kw = {"seq_len": seq, "microbatch_tokens": mb, "zero_stage": t.zero_stage, "gpus_per_node": per_node,
-          "inter_node_bytes_per_s": inter}
+    kw = {"zero_stage": t.zero_stage, "recompute": t.recompute, "gpus_per_node": groups[0].gpus_per_node,
+          "inter_node_bytes_per_s": min(g.inter_node_gb_per_s for g in groups) * 1e9}
 
     def step_seconds(tokens: int) -> tuple[float, float]:
-        # the proximal policy's logprobs, and the reference policy's where the loss has a KL term
-        passes = 2 if workload.kl_reference else 1
-        logprob = passes * float(cm.logprob(gpu, workload.model, t.dp, t.tp, t.pp, tokens, **kw).seconds)
-        train = m * float(cm.train(gpu, workload.model, t.dp, t.tp, t.pp, tokens / m, recompute=t.recompute,
-                                   **kw).seconds)
-        return logprob, train
+        logprob, train = trainer_step_seconds(cm, cluster.gpu(t.gpu_type), workload, t.dp, t.tp, t.pp, tokens, **kw)
+        return float(logprob), float(train)
 
     return step_seconds
 

@@ -22,19 +22,25 @@ class Trainer:
         self.push_weights, self.name = push_weights, name
         self.switch_seconds = switch_seconds  # colocated: engines hand the GPUs over and back
         self._wake: simpy.Event | None = None
+        self._step = 0  # the step it waits to train
         controller.on_buffer = self._poke
         self.done = env.process(self.run())
 
     def _poke(self) -> None:
-        if self._wake is not None and not self._wake.triggered:
+        if self._wake is not None and not self._wake.triggered and self.ctl.ready(self._step):
             self._wake.succeed()
 
     def run(self) -> Generator[simpy.Event, Any, None]:
         for step in range(self.steps):
+            self._step = step
             while not self.ctl.ready(step):
+                # the controller pokes once completions could have made the batch ready; and once
+                # ready, more completions keep it so (see Controller.watch)
+                self.ctl.watch(step)
                 self._wake = self.env.event()
                 yield self._wake
                 self._wake = None
+            self.ctl.unwatch()
             batch = self.ctl.take()
             tokens = sum(s.tokens for s in batch)
             for s in batch:

@@ -1,0 +1,38 @@
+"""Per-step costs of an RL trainer, shared by the simulator and the planner.
+
+One trainer step over a batch: the proximal policy's logprobs (and the reference policy's where
+the loss has a KL term), then `ppo_minibatches` optimizer steps over equal slices of the batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from traces.costmodel.model import CostModel
+from traces.hardware import GpuType
+from traces.workload import Workload
+
+
+def trainer_step_seconds(
+    cm: CostModel, gpu: GpuType, workload: Workload, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, tokens: ArrayLike,
+    *, zero_stage: int, recompute: str, gpus_per_node: int, inter_node_bytes_per_s: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(logprob seconds, train seconds) of one step over `tokens` tokens; vectorised over configs."""
+    kw = {"seq_len": workload.mean_tokens_per_sample, "microbatch_tokens": workload.max_seq_len,
+          "zero_stage": zero_stage, "gpus_per_node": gpus_per_node, "inter_node_bytes_per_s": inter_node_bytes_per_s}
+    passes = 2 if workload.kl_reference else 1
+    m = workload.ppo_minibatches
+    logprob = passes * cm.logprob(gpu, workload.model, dp, tp, pp, tokens, **kw).seconds
+    train = m * cm.train(gpu, workload.model, dp, tp, pp, np.asarray(tokens, float) / m, recompute=recompute,
+                         **kw).seconds
+    return logprob, train
+
+
+def trainer_fits(
+    cm: CostModel, gpu: GpuType, workload: Workload, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike,
+    *, zero_stage: int, recompute: str,
+) -> np.ndarray:
+    """Whether the trainer's weights, optimizer states and one micro-batch fit in HBM."""
+    return cm.train_fits(gpu, workload.model, dp, tp, pp, microbatch_tokens=workload.max_seq_len,
+                         seq_len=workload.mean_tokens_per_sample, zero_stage=zero_stage, recompute=recompute)
