@@ -1,0 +1,238 @@
+"""What each part of the fleet could do: rollout-engine and trainer options with their rates.
+
+A pool is one node group of the cluster (one GPU type, one node size, one price). Rollout options
+are engines of `tp` GPUs inside a node (tp divides the node size) whose KV cache holds at least one
+full-length sample. An engine's steady-state samples/s (the cost model's, under the workload's
+lengths) grows with the samples it holds, concavely: decode iterations get longer as the batch
+grows. It is kept as a piecewise-linear curve up to the batch the KV cache allows, so the MILP can
+spread a bounded number of in-flight samples (AReaL's capacity rule) over engines.
+Trainer options take whole nodes of one pool (the rest of a node would be stranded), for every
+(dp, tp, pp, ZeRO stage, recomputation) that fits in memory; only the fastest per (pool, nodes) is
+kept, since the planner would never pick a slower one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from itertools import product
+
+import numpy as np
+
+from traces import Cluster, CostModel, GpuType, Workload
+from traces.costmodel.rl import trainer_fits, trainer_step_seconds
+
+ZERO_STAGES = (1, 3)
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One node group: nodes first_node .. first_node + nodes - 1 of the cluster."""
+
+    index: int
+    gpu: GpuType  # priced as in the cluster file
+    nodes: int
+    per_node: int
+    inter_node_bytes_per_s: float
+    first_node: int
+    label: str | None
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.per_node
+
+    @property
+    def name(self) -> str:
+        return self.gpu.name if self.label is None else f"{self.gpu.name}@{self.label}"
+
+
+@dataclass(frozen=True)
+class EngineOption:
+    pool: int
+    tp: int
+    samples_per_s: float  # one engine, steady state at its full batch
+    batch: int  # running sequences its KV cache allows
+    price_per_hour: float  # tp GPUs
+    # (width, slope): the next `width` in-flight samples add `slope` samples/s each (slopes fall)
+    segments: tuple[tuple[float, float], ...]
+    tail_seconds: float  # latency of a longest sample decoding alone: the staleness rule's floor
+    # seconds per trainer step lost at each segment's load when rollouts are interruptible: waiting
+    # for the new weights plus re-prefilling the KV cache of the samples it holds
+    update_seconds: tuple[float, ...] = ()
+
+    def derated(self, period: float) -> EngineOption:
+        """The rate curve with each step's update pause taken out, for a trainer step of `period` s."""
+        if not self.update_seconds or not math.isfinite(period) or period <= 0:
+            return self
+        keep = [max(0.0, 1.0 - u / period) for u in self.update_seconds]
+        segments = tuple((w, s * k) for (w, s), k in zip(self.segments, keep, strict=True))
+        slopes = np.minimum.accumulate([s for _, s in segments])  # still concave
+        segments = tuple((w, float(s)) for (w, _), s in zip(segments, slopes, strict=True))
+        return dataclasses.replace(self, segments=segments, samples_per_s=sum(w * s for w, s in segments))
+
+    def rate(self, load: float) -> float:
+        """Samples/s of one engine holding `load` samples (capped at its batch)."""
+        out, left = 0.0, load
+        for width, slope in self.segments:
+            take = min(width, left)
+            out, left = out + take * slope, left - take
+        return out
+
+
+@dataclass(frozen=True)
+class TrainerOption:
+    pool: int
+    nodes: int
+    dp: int
+    tp: int
+    pp: int
+    zero_stage: int
+    recompute: str
+    step_seconds: float  # logprob + train + weight sync, one step
+    samples_per_s: float
+    price_per_hour: float
+    switch_seconds: float  # colocated only: one hand-over between engines and trainer
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp
+
+
+@dataclass(frozen=True)
+class Candidates:
+    pools: tuple[Pool, ...]
+    engines: tuple[EngineOption, ...]
+    trainers: tuple[TrainerOption, ...]
+    samples_per_step: int
+    staleness: int
+    sync_seconds: float  # the weight-sync estimate inside every trainer option's step (before placement)
+
+    mean_over_max_response: float = 1.0  # E[o] / max(o) of the workload's responses
+
+    @property
+    def in_flight_cap(self) -> float:
+        """Samples in flight the staleness rule lets engines keep busy.
+
+        AReaL's capacity rule admits at most (eta + 1) B. And a longest sample admitted at version v
+        must be trained by step v + eta: with a step period T = B / z it has max(eta, 1) T to finish,
+        while mean samples take E[o]/max(o) of that time. By Little's law the samples in flight are
+        z x mean latency <= max(eta, 1) B E[o] / max(o).
+        """
+        admitted = (self.staleness + 1) * self.samples_per_step
+        tail = max(self.staleness, 1) * self.samples_per_step * self.mean_over_max_response
+        return min(admitted, tail)
+
+
+def pools_of(cluster: Cluster) -> tuple[Pool, ...]:
+    pools, first = [], 0
+    for i, g in enumerate(cluster.node_groups):
+        pools.append(Pool(i, g.gpu, g.nodes, g.gpus_per_node, g.inter_node_gb_per_s * 1e9, first, g.label))
+        first += g.nodes
+    return tuple(pools)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, sync_seconds: float = 0.0
+                   ) -> list[EngineOption]:
+    model = workload.model
+    prompt, response = workload.prompt_len.expected(), workload.response_len.expected()
+    square = workload.response_len.expected_square()
+    context = prompt + square / (2 * response)  # mean context of a running sample
+    out = []
+    for pool in pools:
+        for tp in _divisors(pool.per_node):
+            if float(cm.kv_capacity_tokens(pool.gpu, model, tp)) < workload.max_seq_len:
+                continue
+            full = int(cm.generation_rate(pool.gpu, model, tp, prompt_mean=prompt, response_mean=response,
+                                          response_sq_mean=square).batch)
+            if full < 1:
+                continue
+            points = np.unique(np.r_[2 ** np.arange(int(np.log2(full)) + 1), full])
+            rates = cm.generation_rate(pool.gpu, model, tp, prompt_mean=prompt, response_mean=response,
+                                       response_sq_mean=square, max_num_seqs=points).samples_per_s
+            widths = np.diff(np.r_[0, points]).astype(float)
+            slopes = np.minimum.accumulate(np.diff(np.r_[0.0, rates]) / widths)  # keep the curve concave
+            update: tuple[float, ...] = ()
+            if workload.interruptible and workload.mode == "async":
+                reprefill = cm.prefill(pool.gpu, model, tp, points * context, context).seconds
+                update = tuple((sync_seconds + reprefill).tolist())
+            out.append(EngineOption(pool.index, tp, float((widths * slopes).sum()), full,
+                                    tp * pool.gpu.price_per_gpu_hour,
+                                    tuple(zip(widths.tolist(), slopes.tolist(), strict=True)),
+                                    _longest_sample_seconds(cm, pool.gpu, workload, tp), update))
+    return out
+
+
+def _longest_sample_seconds(cm: CostModel, gpu: GpuType, workload: Workload, tp: int) -> float:
+    """Prefill plus every decode iteration of a longest response, alone on the engine."""
+    prompt, longest = workload.prompt_len.expected(), workload.response_len.max
+    contexts = prompt + np.linspace(0, longest, 33)
+    per_iter = float(np.mean(cm.decode(gpu, workload.model, tp, 1, contexts).seconds))
+    return float(cm.prefill(gpu, workload.model, tp, prompt).seconds) + longest * per_iter
+
+
+def _layouts(gpus: int, per_node: int, layers: int) -> np.ndarray:
+    """(dp, tp, pp) rows with tp inside a node and pp dividing the layers."""
+    rows = [(gpus // (tp * pp), tp, pp) for tp in _divisors(per_node) for pp in _divisors(min(layers, 64))
+            if gpus % (tp * pp) == 0]
+    return np.array(rows, dtype=np.int64).reshape(-1, 3)
+
+
+def trainer_options(
+    cm: CostModel, pools: tuple[Pool, ...], workload: Workload, sync_seconds: float, max_nodes: int | None = None
+) -> list[TrainerOption]:
+    """The fastest fitting trainer per (pool, whole-node count); `sync_seconds` is added per step."""
+    batch = workload.samples_per_step
+    tokens = batch * workload.mean_tokens_per_sample
+    out = []
+    for pool in pools:
+        for nodes in range(1, min(pool.nodes, max_nodes or pool.nodes) + 1):
+            lay = _layouts(nodes * pool.per_node, pool.per_node, workload.model.layers)
+            best: TrainerOption | None = None
+            for zero, recompute in product(ZERO_STAGES, RECOMPUTE):
+                dp, tp, pp = lay[:, 0], lay[:, 1], lay[:, 2]
+                fits = trainer_fits(cm, pool.gpu, workload, dp, tp, pp, zero_stage=zero, recompute=recompute)
+                if not fits.any():
+                    continue
+                logprob, train = trainer_step_seconds(
+                    cm, pool.gpu, workload, dp, tp, pp, tokens, zero_stage=zero, recompute=recompute,
+                    gpus_per_node=pool.per_node, inter_node_bytes_per_s=pool.inter_node_bytes_per_s)
+                step = np.where(fits, logprob + train + sync_seconds, np.inf)
+                i = int(np.argmin(step))
+                if best is None or step[i] < best.step_seconds:
+                    switch = float(cm.colocate_switch(pool.gpu, workload.model, 1, dp[i], tp[i], pp[i],
+                                                      zero_stage=zero).seconds)
+                    best = TrainerOption(pool.index, nodes, int(dp[i]), int(tp[i]), int(pp[i]), zero, recompute,
+                                         float(step[i]), batch / float(step[i]),
+                                         nodes * pool.per_node * pool.gpu.price_per_gpu_hour, switch)
+            if best is not None:
+                out.append(best)
+    return out
+
+
+def candidates(cm: CostModel, cluster: Cluster, workload: Workload, *, staleness: int | None = None,
+               max_trainer_nodes: int | None = None) -> Candidates:
+    """Every option worth considering; `staleness` defaults to the workload's."""
+    pools = pools_of(cluster)
+    sync = estimated_sync_seconds(cm, pools, workload)
+    engines = engine_options(cm, pools, workload, sync)
+    trainers = trainer_options(cm, pools, workload, sync, max_trainer_nodes)
+    eta = workload.staleness if staleness is None else staleness
+    ratio = workload.response_len.expected() / workload.response_len.max
+    return Candidates(pools, tuple(engines), tuple(trainers), workload.samples_per_step, eta, sync, ratio)
+
+
+def estimated_sync_seconds(cm: CostModel, pools: tuple[Pool, ...], workload: Workload) -> float:
+    """Weight push before placement: the slowest network path, to as many engines as could exist.
+
+    Placement re-prices it on the real links (planner.placement)."""
+    most = sum(p.gpus for p in pools)
+    slowest = min(p.inter_node_bytes_per_s for p in pools)
+    gpu = max((p.gpu for p in pools), key=lambda g: g.bf16_tflops)
+    return float(cm.sync(gpu, workload.model, most, slowest).seconds)
+

@@ -1,0 +1,86 @@
+"""`rlfleet plan`: the best allocation of a fleet to rollout and training, with baselines."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Any
+
+from planner.cli import emit, positive_float, positive_int
+from traces import load_cluster, load_workload
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("plan", help="plan rollout and training on a fleet (MILP, re-ranked by the simulator)")
+    p.add_argument("--cluster", required=True, help="cluster YAML file")
+    p.add_argument("--workload", required=True, help="workload YAML file")
+    p.add_argument("--objective", choices=("throughput", "cost", "pareto"), default="throughput",
+                   help="throughput: most samples/s (within --budget); cost: cheapest plan reaching --target; "
+                        "pareto: the min-cost frontier over targets (analytic, no simulation)")
+    p.add_argument("--budget", type=positive_float, metavar="DOLLARS_PER_HOUR", help="spend at most this per hour")
+    p.add_argument("--target", type=positive_float, metavar="SAMPLES_PER_S", help="throughput to reach (cost)")
+    p.add_argument("--top-k", type=positive_int, default=3, help="MILP solutions to simulate and re-rank (default 3)")
+    p.add_argument("--sim-steps", type=positive_int, default=8, help="trainer steps per simulation (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="simulation seed (default 0)")
+    p.add_argument("--solver", choices=("auto", "highs", "cbc"), default="auto", help="MILP solver (default auto)")
+    p.add_argument("--no-baselines", action="store_true", help="skip planning and simulating the baselines")
+    p.add_argument("--out", metavar="PLAN_JSON", help="write the chosen plan (traces plan format) here")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from planner.api import pareto, plan_report
+    from planner.export import exports
+
+    cluster, workload = load_cluster(args.cluster), load_workload(args.workload)
+    if args.objective == "pareto":
+        frame = pareto(cluster, workload, solver=args.solver)
+        emit({"pareto": frame.to_dict(orient="records")}, args.json,
+             ["min-cost plans by target (analytic):", frame.round(3).to_string(index=False)])
+        return 0
+    if not args.json and sys.stderr.isatty():
+        sys.stderr.write("planning: solving the MILP, then simulating the top plans and baselines...\n")
+    report = plan_report(cluster, workload, objective=args.objective, budget=args.budget, target=args.target,
+                         top_k=args.top_k, solver=args.solver, sim_steps=args.sim_steps, seed=args.seed,
+                         baselines=not args.no_baselines)
+    if args.out:
+        report.plan.save(args.out)
+    summary = {**report.summary(), **exports(report.plan, cluster), "plan": report.plan.model_dump(mode="json")}
+    emit(summary, args.json, _lines(report, summary, args.out))
+    return 0
+
+
+def _nodes(nodes: tuple[int, ...]) -> str:
+    if not nodes:
+        return ""
+    return f" (node {nodes[0]})" if len(nodes) == 1 else f" (nodes {nodes[0]}-{nodes[-1]})"
+
+
+def _lines(report: Any, summary: dict[str, Any], out: str | None) -> list[str]:
+    plan, s = report.plan, report.chosen.solution
+    t = plan.trainer
+    lines = [f"plan for {plan.workload or 'workload'} on {plan.cluster or 'cluster'}: {plan.mode}"
+             + (f", staleness {plan.staleness}" if plan.mode == "async" else "")]
+    for g in plan.rollout:
+        lines.append(f"  rollout   {g.instances} x {g.gpu_type} TP{g.tp} engines{_nodes(g.nodes)}")
+    lines.append(f"  trainer   {t.gpus} {t.gpu_type}: dp{t.dp} tp{t.tp} pp{t.pp}, ZeRO-{t.zero_stage}, "
+                 f"{t.recompute} recompute{_nodes(t.nodes)}")
+    lines.append(f"  throughput {summary['samples_per_s']:.2f} samples/s simulated, {s.samples_per_s:.2f} analytic "
+                 f"(LP bound {s.lp_bound:.2f}, gap {s.gap:.2%})")
+    lines.append(f"  cost      ${s.cost_per_hour:,.2f}/h, ${summary['cost_per_1k_samples']:.3f} per 1k samples")
+    marginal = ", ".join(f"{k} +{v:.3f}" for k, v in report.marginal.items())
+    lines.append(f"  bottleneck {s.bottleneck}" + (f"; one more GPU adds (samples/s): {marginal}" if marginal else ""))
+    if report.baselines:
+        lines.append("baselines (planned and simulated the same way, same budget):")
+        for name, b in report.baselines.items():
+            ratio = summary["samples_per_s"] / b.samples_per_s if b.samples_per_s > 0 else math.inf
+            gpus = ", ".join(f"{sum(r.values())} {k}" for k, r in b.plan.gpus_by_type.items())
+            lines.append(f"  {name:<16} {b.samples_per_s:8.2f} samples/s  ${b.solution.cost_per_hour:8.2f}/h  "
+                         f"plan is {ratio:.2f}x  ({gpus})")
+    mode = summary["areal_allocation_mode"]
+    lines.append(f"AReaL allocation: {mode if isinstance(mode, str) else ', '.join(mode.values())}")
+    if out:
+        lines.append(f"plan -> {out}")
+    return lines

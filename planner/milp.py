@@ -1,0 +1,311 @@
+"""The allocation MILP (PuLP; HiGHS through highspy, CBC as the fallback).
+
+Variables: x_r >= 0 integer rollout engines of option r; n_rj >= 0 in-flight samples on segment j
+of option r's rate curve; y_k binary trainer option k; z >= 0 throughput (samples/s).
+Asynchronous plans (generation and training overlap):
+
+    max z  s.t.  z <= sum_rj slope_rj n_rj          generation: concave piecewise rate per engine
+                 n_rj <= width_rj x_r               (engines equally loaded: the router water-fills)
+                 sum_rj n_rj <= N                   samples in flight under the staleness rule
+                                                    (Candidates.in_flight_cap: capacity and long tail)
+                 z <= sum_k s_k y_k,  sum_k y_k = 1 training
+                 per pool p: sum_{r in p} tp_r x_r + sum_{k in p} gpus_k y_k <= gpus_p
+                 sum_r c_r x_r + sum_k c_k y_k <= budget           (optional, $/h)
+
+The cost objective minimises the $/h term subject to z >= target. The LP relaxation (x, y
+continuous) bounds the optimum; every solution reports the solver's proven optimality gap.
+Interruptible rollouts lose each step's weight wait and KV re-prefill, a share of the step period
+B / z: the slopes are derated for the period of the previous solve until z settles (a fixed point,
+at most FIXED_POINT_ROUNDS solves).
+
+On-policy plans alternate, so the step is a sum, B / G + T_k (or the longest sample, if longer),
+which is not linear. For a fixed trainer and a fixed slowest allowed engine type it grows with G, so
+they are solved exactly by enumerating both and maximising G in the MILP above (in flight: one
+batch). Colocated plans share one pool's GPUs and are enumerated outright.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import pulp
+
+from planner.candidates import Candidates, EngineOption, TrainerOption
+from traces import SpecError
+
+Objective = Literal["throughput", "cost"]
+SOLVE_SECONDS = 60  # a bound on any one solve, so no input can hang the planner
+TIE_BREAK = 1e-6  # samples/s traded per $/h among plans that tie on throughput
+FIXED_POINT_ROUNDS = 4
+
+
+@dataclass(frozen=True)
+class Solution:
+    trainer: TrainerOption
+    engines: tuple[tuple[EngineOption, int], ...]  # (option, count), counts > 0
+    samples_per_s: float  # analytic
+    generation_per_s: float  # what the engines sustain under the in-flight cap
+    training_per_s: float
+    tail_per_s: float  # on-policy: B / the slowest engine's longest sample (inf for async)
+    cost_per_hour: float
+    lp_bound: float  # the LP relaxation's objective: no plan can do better
+    gap: float  # proven optimality gap of this solution (0 for exact enumeration)
+    mode: str = "async"
+
+    @property
+    def bottleneck(self) -> str:
+        if self.mode != "async":
+            return "alternation: generation and training take turns"
+        g, t = self.generation_per_s, self.training_per_s
+        if abs(g - t) <= 0.02 * max(g, t):
+            return "balanced: generation and training"
+        return "generation" if g < t else "training"
+
+
+def solver(name: str = "auto", mip: bool = True) -> pulp.LpSolver:
+    """HiGHS (via highspy) when installed, else PuLP's bundled CBC; `name` forces one."""
+    if name not in ("auto", "highs", "cbc"):
+        raise SpecError(f"unknown solver '{name}'; use auto, highs or cbc")
+    if name in ("auto", "highs"):
+        highs = pulp.HiGHS(mip=mip, msg=False, timeLimit=SOLVE_SECONDS, gapRel=1e-7)
+        if highs.available():
+            return highs
+        if name == "highs":
+            raise SpecError("solver 'highs' is not installed (pip install highspy); use --solver cbc")
+    return pulp.PULP_CBC_CMD(mip=mip, msg=False, timeLimit=SOLVE_SECONDS, gapRel=1e-7)
+
+
+# ---- the analytic model, shared by the MILP's read-back and by brute force --------------------
+def generation(engines: tuple[tuple[EngineOption, int], ...], in_flight: float) -> float:
+    """Samples/s of these engines holding at most `in_flight` samples, spread to the best slopes."""
+    pieces = sorted(((slope, width * n) for o, n in engines for width, slope in o.segments), reverse=True)
+    out, left = 0.0, float(in_flight)
+    for slope, width in pieces:
+        take = min(width, left)
+        out, left = out + take * slope, left - take
+        if left <= 0:
+            break
+    return out
+
+
+def evaluate(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...],
+             mode: str = "async") -> tuple[float, float, float, float, float]:
+    """(samples/s, generation, training, tail ceiling, $/h) of one allocation, analytically."""
+    batch = cand.samples_per_step
+    shared = mode == "colocated"
+    cost = trainer.price_per_hour + (0.0 if shared else sum(o.price_per_hour * n for o, n in engines))
+    if mode == "async":
+        gen = generation(engines, cand.in_flight_cap)
+        return min(gen, trainer.samples_per_s), gen, trainer.samples_per_s, math.inf, cost
+    gen = generation(engines, batch)
+    longest = max((o.tail_seconds for o, n in engines if n > 0), default=math.inf)
+    switch = 2 * trainer.switch_seconds if shared else 0.0
+    step = max(batch / gen, longest) + trainer.step_seconds + switch if gen > 0 else math.inf
+    return batch / step, gen, trainer.samples_per_s, batch / longest, cost
+
+
+# ---- asynchronous: one MILP ------------------------------------------------------------------
+@dataclass
+class _Model:
+    prob: pulp.LpProblem
+    x: dict[int, pulp.LpVariable]
+    y: dict[int, pulp.LpVariable]
+    z: pulp.LpVariable
+
+
+def _build(cand: Candidates, objective: Objective, budget: float | None, target: float | None,
+           trainers: list[int], engines: list[int], relax: bool, in_flight: float, training: bool = True
+           ) -> _Model:
+    prob = pulp.LpProblem("rlfleet", pulp.LpMaximize if objective == "throughput" else pulp.LpMinimize)
+    integer = pulp.LpContinuous if relax else pulp.LpInteger
+    binary = pulp.LpContinuous if relax else pulp.LpBinary
+    pools = {p.index: p for p in cand.pools}
+    opts = {r: cand.engines[r] for r in engines}
+    ub = {r: pools[o.pool].gpus // o.tp for r, o in opts.items()}
+    x = {r: prob.add_variable(f"x{r}", 0, ub[r], integer) for r in opts}
+    y = {k: prob.add_variable(f"y{k}", 0, 1, binary) for k in trainers}
+    z = prob.add_variable("z", 0)
+    cost = pulp.lpSum(o.price_per_hour * x[r] for r, o in opts.items()) + pulp.lpSum(
+        cand.trainers[k].price_per_hour * y[k] for k in trainers)
+    # among plans of equal throughput prefer the cheaper one (a tie-break too small to trade throughput)
+    prob += z - TIE_BREAK * cost if objective == "throughput" else cost
+    flow = []
+    for r, o in opts.items():
+        for j, (width, slope) in enumerate(o.segments):
+            n = prob.add_variable(f"n{r}_{j}", 0)
+            prob += n <= width * x[r], f"seg{r}_{j}"
+            flow.append((n, slope))
+    prob += z <= pulp.lpSum(slope * n for n, slope in flow), "generation"
+    prob += pulp.lpSum(n for n, _ in flow) <= in_flight, "in_flight"
+    if training:  # on-policy plans price training outside the MILP
+        prob += z <= pulp.lpSum(cand.trainers[k].samples_per_s * y[k] for k in trainers), "training"
+    prob += pulp.lpSum(y.values()) == 1, "one_trainer"
+    for p in cand.pools:
+        used = pulp.lpSum(o.tp * x[r] for r, o in opts.items() if o.pool == p.index) + pulp.lpSum(
+            cand.trainers[k].nodes * p.per_node * y[k] for k in trainers if cand.trainers[k].pool == p.index)
+        prob += used <= p.gpus, f"gpus_pool{p.index}"
+    if budget is not None:
+        prob += cost <= budget, "budget"
+    if target is not None:
+        prob += z >= target, "target"
+    return _Model(prob, x, y, z)
+
+
+def _solve(model: _Model, solver_name: str, relax: bool) -> bool:
+    with _quiet_stdout():  # highspy prints a banner on stdout before PuLP can silence it
+        status = model.prob.solve(solver(solver_name, mip=not relax))
+    return pulp.LpStatus[status] == "Optimal" and model.z.varValue is not None
+
+
+def _proven_gap(model: _Model) -> float:
+    """The solver's own optimality gap: HiGHS reports it; CBC's Optimal means within gapRel."""
+    info = getattr(getattr(model.prob, "solverModel", None), "getInfo", None)
+    if info is None:
+        return 0.0
+    gap = float(info().mip_gap)
+    return gap if math.isfinite(gap) and gap >= 0 else 0.0
+
+
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _make(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...], mode: str,
+          lp_bound: float, gap: float) -> Solution:
+    rate, gen, train, tail, cost = evaluate(cand, trainer, engines, mode)
+    return Solution(trainer, engines, rate, gen, train, tail, cost, lp_bound, gap, mode)
+
+
+def _chosen(cand: Candidates, model: _Model) -> tuple[int, tuple[tuple[EngineOption, int], ...]]:
+    k = next(k for k, v in model.y.items() if (v.varValue or 0) > 0.5)
+    engines = tuple((cand.engines[r], round(v.varValue or 0)) for r, v in model.x.items() if round(v.varValue or 0))
+    return k, engines
+
+
+def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget: float | None = None,
+                target: float | None = None, top_k: int = 1, solver_name: str = "auto") -> list[Solution]:
+    """solve_async_fixed with the interruptible-update derating at its fixed point."""
+    if not any(o.update_seconds for o in cand.engines):
+        return solve_async_fixed(cand, objective, budget=budget, target=target, top_k=top_k, solver_name=solver_name)
+    period, last = math.inf, 0.0
+    for _ in range(FIXED_POINT_ROUNDS):
+        derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
+        top = solve_async_fixed(derated, objective, budget=budget, target=target, top_k=1, solver_name=solver_name)
+        if not top:
+            break
+        rate = top[0].samples_per_s
+        if abs(rate - last) <= 0.01 * rate:
+            break
+        period, last = cand.samples_per_step / rate, rate
+    derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
+    return solve_async_fixed(derated, objective, budget=budget, target=target, top_k=top_k, solver_name=solver_name)
+
+
+def solve_async_fixed(cand: Candidates, objective: Objective = "throughput", *, budget: float | None = None,
+                      target: float | None = None, top_k: int = 1, solver_name: str = "auto") -> list[Solution]:
+    """The best `top_k` distinct solutions, each a different trainer option (no-good cuts on y)."""
+    trainers, engines = list(range(len(cand.trainers))), list(range(len(cand.engines)))
+    if not trainers or not engines:
+        return []
+    args = (cand, objective, budget, target, trainers, engines)
+    relaxed = _build(*args, relax=True, in_flight=cand.in_flight_cap)
+    bound = math.nan
+    if _solve(relaxed, solver_name, relax=True):
+        bound = float(relaxed.z.varValue) if objective == "throughput" else float(pulp.value(relaxed.prob.objective))
+    model = _build(*args, relax=False, in_flight=cand.in_flight_cap)
+    out: list[Solution] = []
+    for i in range(top_k):
+        if not _solve(model, solver_name, relax=False):
+            break
+        k, chosen = _chosen(cand, model)
+        if not chosen:  # z = 0 is always feasible: no engine fits beside any trainer
+            break
+        out.append(_make(cand, cand.trainers[k], chosen, "async", bound, _proven_gap(model)))
+        model.prob += model.y[k] <= 0, f"nogood{i}"
+    return out
+
+
+# ---- on-policy: enumerate, then the MILP for the engines ---------------------------------------
+def solve_sync(cand: Candidates, objective: Objective = "throughput", *, budget: float | None = None,
+               target: float | None = None, top_k: int = 1, solver_name: str = "auto") -> list[Solution]:
+    """Disaggregated on-policy: for each trainer and each slowest allowed engine, the best engines.
+
+    Pairs that cannot beat the best found so far (by a cheap bound) are skipped unless top_k needs them.
+    """
+    batch = cand.samples_per_step
+    if not cand.engines:
+        return []
+    tails = sorted({o.tail_seconds for o in cand.engines})
+    g_max = batch * max(o.segments[0][1] for o in cand.engines)  # no engine mix beats its best slope
+    found: list[Solution] = []
+    for k in sorted(range(len(cand.trainers)), key=lambda k: cand.trainers[k].step_seconds):
+        t = cand.trainers[k]
+        for longest in tails:
+            if len(found) >= top_k and _pruned(found, objective, top_k, batch / (max(batch / g_max, longest)
+                                                                             + t.step_seconds), t.price_per_hour):
+                continue
+            need = None
+            if target is not None:  # B / (max(B/G, L) + T) >= target  <=>  G >= B / (B/target - T)
+                slack = batch / target - t.step_seconds
+                if slack < longest:
+                    continue
+                need = batch / slack
+            allowed = [r for r, o in enumerate(cand.engines) if o.tail_seconds <= longest]
+            model = _build(cand, objective, budget, need, [k], allowed, relax=False, in_flight=batch,
+                           training=False)
+            if not _solve(model, solver_name, relax=False):
+                continue
+            _, engines = _chosen(cand, model)
+            if engines:
+                found.append(_make(cand, t, engines, "sync", math.nan, 0.0))
+    return _best(found, objective, top_k, budget, target)
+
+
+def _pruned(found: list[Solution], objective: Objective, top_k: int, rate_bound: float, cost_floor: float) -> bool:
+    if objective == "throughput":
+        kth = sorted((s.samples_per_s for s in found), reverse=True)[top_k - 1]
+        return rate_bound <= kth
+    kth = sorted(s.cost_per_hour for s in found)[top_k - 1]
+    return cost_floor >= kth
+
+
+def solve_colocated(cand: Candidates, objective: Objective = "throughput", *, budget: float | None = None,
+                    target: float | None = None, top_k: int = 1) -> list[Solution]:
+    """Colocated on-policy: the trainer's GPUs also generate, with one engine TP; enumerated."""
+    found = []
+    for t in cand.trainers:
+        pool = cand.pools[t.pool]
+        for o in (o for o in cand.engines if o.pool == t.pool):
+            found.append(_make(cand, t, ((o, t.nodes * pool.per_node // o.tp),), "colocated", math.nan, 0.0))
+    return _best(found, objective, top_k, budget, target)
+
+
+def _best(found: list[Solution], objective: Objective, top_k: int, budget: float | None,
+          target: float | None) -> list[Solution]:
+    ok = [s for s in found if (budget is None or s.cost_per_hour <= budget + 1e-9)
+          and (target is None or s.samples_per_s >= target * (1 - 1e-9))]
+    if objective == "throughput":
+        ranked = sorted(ok, key=lambda s: (-s.samples_per_s, s.cost_per_hour))
+    else:
+        ranked = sorted(ok, key=lambda s: (s.cost_per_hour, -s.samples_per_s))
+    if not ranked:
+        return []
+    # enumeration is exact: the best found is the bound
+    best = ranked[0].samples_per_s if objective == "throughput" else ranked[0].cost_per_hour
+    return [dataclasses.replace(s, lp_bound=best) for s in ranked[:top_k]]

@@ -1,0 +1,78 @@
+"""Placement: concrete nodes for a MILP solution, and the plan it becomes.
+
+The trainer takes the first nodes of its pool (a pool's nodes are identical, and the trainer's pool
+was chosen by the MILP, so these are as well connected as any); engines fill the remaining nodes
+of each pool in order, `per_node / tp` to a node. Weight sync is then re-priced on the real links:
+the slowest path from the trainer's pool to any pool hosting engines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from planner.candidates import Candidates, EngineOption, Pool
+from planner.milp import Solution, evaluate
+from traces import Cluster, CostModel, Plan, RolloutGroup, TrainerGroup, Workload
+
+
+def _nodes_for_engines(pool: Pool, skip: int, counts: list[tuple[EngineOption, int]]) -> list[tuple[int, ...]]:
+    """Node indices per engine option, filling the pool's nodes after the first `skip`."""
+    node, free = pool.first_node + skip, pool.per_node
+    out = []
+    for option, count in counts:
+        used: list[int] = []
+        for _ in range(count):
+            if free < option.tp:
+                node, free = node + 1, pool.per_node
+            used.append(node)
+            free -= option.tp
+        out.append(tuple(sorted(set(used))))
+    return out
+
+
+def path_bytes_per_s(cluster: Cluster, cand: Candidates, solution: Solution) -> float:
+    """The slowest link from the trainer's pool to a pool that hosts engines (NVLink if the same node)."""
+    groups = cluster.node_groups
+    t_pool = cand.pools[solution.trainer.pool]
+    if solution.mode == "colocated":
+        return t_pool.gpu.link_bytes_per_s
+    best = math.inf
+    for option, _ in solution.engines:
+        e_pool = cand.pools[option.pool]
+        bw = min(t_pool.inter_node_bytes_per_s, e_pool.inter_node_bytes_per_s)
+        label_bw = cluster.label_bandwidth(groups[t_pool.index].label, groups[e_pool.index].label)
+        best = min(best, bw if label_bw is None else min(bw, label_bw))
+    return best
+
+
+def reprice_sync(cm: CostModel, cluster: Cluster, workload: Workload, cand: Candidates, solution: Solution,
+                 estimated_sync_s: float) -> Solution:
+    """The solution with weight sync priced on its real links and engine count."""
+    engines = sum(n for _, n in solution.engines)
+    t_gpu = cand.pools[solution.trainer.pool].gpu
+    real = float(cm.sync(t_gpu, workload.model, engines, path_bytes_per_s(cluster, cand, solution)).seconds)
+    step = solution.trainer.step_seconds - estimated_sync_s + real
+    trainer = dataclasses.replace(solution.trainer, step_seconds=step, samples_per_s=cand.samples_per_step / step)
+    rate, gen, train, tail, cost = evaluate(cand, trainer, solution.engines, solution.mode)
+    return dataclasses.replace(solution, trainer=trainer, samples_per_s=rate, generation_per_s=gen,
+                               training_per_s=train, tail_per_s=tail, cost_per_hour=cost)
+
+
+def to_plan(cluster: Cluster, workload: Workload, cand: Candidates, solution: Solution,
+            predicted: dict[str, float] | None = None) -> Plan:
+    t = solution.trainer
+    t_pool = cand.pools[t.pool]
+    trainer = TrainerGroup(gpu_type=t_pool.gpu.name, dp=t.dp, tp=t.tp, pp=t.pp, zero_stage=t.zero_stage,  # type: ignore[arg-type]
+                           recompute=t.recompute, nodes=tuple(range(t_pool.first_node, t_pool.first_node + t.nodes)))  # type: ignore[arg-type]
+    rollout: list[RolloutGroup] = []
+    for pool in cand.pools:
+        counts = [(o, n) for o, n in solution.engines if o.pool == pool.index]
+        if not counts:
+            continue
+        skip = 0 if solution.mode == "colocated" or pool.index != t.pool else t.nodes
+        for (option, n), nodes in zip(counts, _nodes_for_engines(pool, skip, counts), strict=True):
+            rollout.append(RolloutGroup(gpu_type=pool.gpu.name, tp=option.tp, instances=n, nodes=nodes))
+    return Plan(cluster=cluster.name, workload=workload.name, model=workload.model.name, mode=solution.mode,  # type: ignore[arg-type]
+                staleness=cand.staleness if solution.mode == "async" else 0, rollout=tuple(rollout), trainer=trainer,
+                predicted=predicted or {})
