@@ -21,6 +21,8 @@ from sim.costs import DecodeTable, PrefillCurve
 from sim.recorder import Recorder
 from sim.sample import Sample
 
+KV_WATERMARK = 0.01  # vLLM's block-manager watermark
+
 
 class Engine:
     def __init__(
@@ -124,7 +126,10 @@ class Engine:
     def _fits(self, s: Sample, pending: int) -> bool:
         if len(self.running) + pending >= self.max_batch:
             return False
-        return (not self.running and not pending) or self.context + s.prompt + s.generated + 1 <= self.kv_tokens
+        # vLLM admits only while a watermark of the cache stays free (1% of blocks): a preempted
+        # sample re-admitted with one token to spare would overflow and be preempted again at once
+        room = self.kv_tokens * (1 - KV_WATERMARK)
+        return (not self.running and not pending) or self.context + s.prompt + s.generated + 1 <= room
 
     def _prefill(self, samples: list[Sample]) -> Generator[simpy.Event, Any, None]:
         tokens = sum(s.prompt + s.generated for s in samples)

@@ -17,7 +17,7 @@ from sim.recorder import Recorder
 from sim.result import SimResult
 from sim.sample import Sample
 from sim.trainer import Trainer
-from traces import Cluster, CostModel, Plan, SpecError, Workload
+from traces import Cluster, CostModel, NodeGroup, Plan, SpecError, Workload, get_gpu
 from traces.costmodel.rl import trainer_step_seconds
 from traces.plan import RolloutGroup
 
@@ -79,19 +79,30 @@ def _engine_specs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Pla
 
 
 def _path_bytes_per_s(cluster: Cluster, plan: Plan) -> float:
-    """Slowest link from the trainer's nodes to any engine group's nodes."""
+    """Slowest link from the trainer's nodes to any engine's nodes (placed plans: the real nodes)."""
     trainer_gpu = cluster.gpu(plan.trainer.gpu_type)
     if plan.mode == "colocated":
         return trainer_gpu.link_bytes_per_s
-    t_groups = cluster.groups_of(plan.trainer.gpu_type)
+    t_groups = _groups(cluster, plan.trainer.gpu_type, plan.trainer.nodes)
     best = math.inf
     for g in plan.rollout:
-        for rg in cluster.groups_of(g.gpu_type):
+        for rg in _groups(cluster, g.gpu_type, g.nodes):
             for tg in t_groups:
                 bw = min(rg.inter_node_gb_per_s, tg.inter_node_gb_per_s) * 1e9
                 label_bw = cluster.label_bandwidth(rg.label, tg.label)
                 best = min(best, bw if label_bw is None else min(bw, label_bw))
     return best
+
+
+def _groups(cluster: Cluster, gpu_type: str, nodes: tuple[int, ...]) -> list[NodeGroup]:
+    """The node groups a plan group sits on: its placed nodes' groups, else every group of its type."""
+    if not nodes:
+        return cluster.groups_of(gpu_type)
+    found = {id(g): g for g in (cluster.group_of_node(n) for n in nodes)}
+    wrong = [g.gpu_type for g in found.values() if g.gpu_type != get_gpu(gpu_type).name]
+    if wrong:
+        raise SpecError(f"plan places {gpu_type} work on nodes of type {wrong[0]}; fix the plan's nodes")
+    return list(found.values())
 
 
 def _step_costs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan
@@ -184,7 +195,9 @@ def _result(
     rec: Recorder, ctl: Controller, engines: list[Engine], plan: Plan, cluster: Cluster, end: float
 ) -> SimResult:
     steps = len(rec.step_ends)
-    warm = max(1, steps // 5) if steps >= 3 else 0
+    # Steady state: AReaL's rule admits (eta + 1) batches at version 0 at once, and step eta must
+    # train all of them, long tail included; the first eta + 1 steps are that start-up transient.
+    warm = min(plan.staleness + 1, steps // 2) if steps >= 2 else 0
     t0 = rec.step_ends[warm - 1] if warm else 0.0
     window = rec.step_ends[-1] - t0
     samples = sum(rec.step_samples[warm:])

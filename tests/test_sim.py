@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim import simulate
-from traces import Cluster, CostModel, Plan, RolloutGroup, TrainerGroup, example_cluster, get_model
+from traces import Cluster, CostModel, Plan, RolloutGroup, SpecError, TrainerGroup, example_cluster, get_model
 from traces.workload import LengthDist, Workload
 
 CM = CostModel.roofline_only()
@@ -160,14 +160,14 @@ def test_longtail_async_beats_sync_colocated_and_gap_closes_when_fixed() -> None
     ratios = {}
     for name, resp in (("longtail", LengthDist(kind="lognormal", mean=1000, sigma=1.2, cap=8000)),
                        ("fixed", LengthDist(kind="fixed", value=256))):
-        w_async = _workload(resp, "async", eta=4, prompts=64, group=16, model="qwen2.5-7b")
+        w_async = _workload(resp, "async", eta=2, prompts=64, group=16, model="qwen2.5-7b")
         w_sync = _workload(resp, "colocated", prompts=64, group=16, model="qwen2.5-7b")
-        a = simulate(cluster, w_async, Plan(mode="async", staleness=4,
+        a = simulate(cluster, w_async, Plan(mode="async", staleness=2,
                      rollout=(RolloutGroup(gpu_type="H800", instances=8),),
                      trainer=TrainerGroup(gpu_type="H800", dp=8)),
-                     CM, steps=8, seed=1)
+                     CM, steps=16, seed=1)
         c = simulate(cluster, w_sync, Plan(mode="colocated", rollout=(RolloutGroup(gpu_type="H800", instances=16),),
-                     trainer=TrainerGroup(gpu_type="H800", dp=16)), CM, steps=8, seed=1)
+                     trainer=TrainerGroup(gpu_type="H800", dp=16)), CM, steps=16, seed=1)
         ratios[name] = a.samples_per_s / c.samples_per_s
     print(f"async/colocated-sync throughput: long-tailed {ratios['longtail']:.2f}x, fixed {ratios['fixed']:.2f}x")
     assert ratios["longtail"] > 2.0  # AReaL reports up to 2.77x
@@ -218,3 +218,28 @@ def test_colocated_pays_the_hand_over_and_kl_reference_a_second_pass() -> None:
           for kl in (False, True)}
     secs = {kl: (t[t.activity == "logprob"].end - t[t.activity == "logprob"].start).iloc[0] for kl, t in lp.items()}
     assert secs[True] == pytest.approx(2 * secs[False])
+
+
+def test_weight_sync_uses_the_placed_nodes_links() -> None:
+    """A placed plan prices sync on its own nodes' links: crossing data centres costs more."""
+    cluster = Cluster(name="two-dc", node_groups=(
+        {"gpu_type": "H800", "nodes": 1, "label": "dc-a"},
+        {"gpu_type": "H20", "nodes": 1, "label": "dc-a"},
+        {"gpu_type": "H20", "nodes": 1, "label": "dc-b"},
+    ), links=({"a": "dc-a", "b": "dc-b", "gb_per_s": 1.0},))
+    w = _workload(FIXED)
+
+    def sync_seconds(engine_node: int) -> float:
+        plan = Plan(mode="async", staleness=2, trainer=TrainerGroup(gpu_type="H800", dp=8, nodes=(0,)),
+                    rollout=(RolloutGroup(gpu_type="H20", instances=4, nodes=(engine_node,)),))
+        tl = simulate(cluster, w, plan, CM, steps=2).timeline
+        return float((tl[tl.activity == "sync"].end - tl[tl.activity == "sync"].start).iloc[0])
+
+    near, far = sync_seconds(1), sync_seconds(2)
+    h800, model = cluster.gpu("H800"), get_model("qwen2.5-1.5b")
+    assert near == pytest.approx(float(CM.sync(h800, model, 4, 50e9).seconds))  # the nodes' own network
+    assert far == pytest.approx(float(CM.sync(h800, model, 4, 1e9).seconds))  # the dc-a <-> dc-b link
+    wrong = Plan(mode="async", staleness=2, trainer=TrainerGroup(gpu_type="H800", dp=8, nodes=(1,)),
+                 rollout=(RolloutGroup(gpu_type="H20", instances=4, nodes=(2,)),))
+    with pytest.raises(SpecError, match="places H800 work on nodes of type H20"):
+        simulate(cluster, w, wrong, CM, steps=1)

@@ -105,6 +105,15 @@ class Cluster(BaseModel):
         name = get_gpu(gpu_type).name
         return [g for g in self.node_groups if g.gpu_type == name]
 
+    def group_of_node(self, node: int) -> NodeGroup:
+        """The node group of a node index (nodes are numbered group by group, in file order)."""
+        first = 0
+        for group in self.node_groups:
+            if first <= node < first + group.nodes:
+                return group
+            first += group.nodes
+        raise SpecError(f"node {node} does not exist: cluster '{self.name}' has {first} nodes (0-{first - 1})")
+
     def label_bandwidth(self, a: str | None, b: str | None) -> float | None:
         """Bytes/s between two labels, None when they are the same place or unlabelled."""
         if a is None or b is None or a == b:
