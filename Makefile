@@ -18,8 +18,11 @@ $(VENV)/.full: $(VENV)/.core
 	$(PIP) install -q -e ".[runtime,dev]" "$(TORCH_PIN)"
 	touch $@
 
+# The main job on the shipped defaults: plan the mixed H800/H20/L40S fleet, simulate, compare baselines.
 demo: $(VENV)/.core
-	$(VENV)/bin/rlfleet costs decode --gpu H100 --model llama-3.1-8b --tp 1 --batch 128 --context 2048
+	mkdir -p out
+	$(VENV)/bin/rlfleet plan --cluster traces/data/clusters/mixed-h800-h20-l40s.yaml \
+		--workload traces/data/workloads/qwen2.5-7b-grpo-longtail.yaml --out out/plan.json
 
 test: $(VENV)/.full
 	$(VENV)/bin/ruff check traces sim planner runtime tests bench
@@ -30,6 +33,8 @@ lint: $(VENV)/.full
 
 bench: $(VENV)/.core
 	$(PY) bench/costmodel_speed.py
+	$(PY) bench/plan_speed.py
+	$(PY) bench/sim_speed.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -113,7 +113,7 @@ def _for_mode(workload: Workload, mode: str) -> Workload:
 def plan_report(
     cluster: Cluster, workload: Workload, *, objective: Objective = "throughput", budget: float | None = None,
     target: float | None = None, top_k: int = 3, cost_model: CostModel | None = None, solver: str = "auto",
-    sim_steps: int = 8, seed: int = 0, baselines: bool = True, marginal: bool = True,
+    sim_steps: int = 8, seed: int = 0, baselines: bool = True, marginal: bool = True, refine: int = 3,
 ) -> PlanReport:
     """Plan `workload` on `cluster`; see the module docstring. Raises SpecError (with the reason)."""
     cm = cost_model or CostModel()
@@ -126,13 +126,15 @@ def plan_report(
         explain_empty(cm, cluster, workload, cand, mode, objective, budget, target, solver)
     t1 = time.perf_counter()
     ranked = tuple(_score(f"top-{i + 1}", cm, cluster, workload, cand, s, sim_steps, seed) for i, s in enumerate(found))
+    if sim_steps > 0 and refine > 0:
+        ranked = _refine(cm, cluster, workload, cand, ranked, objective, budget, target, solver, sim_steps, seed,
+                         refine)
     chosen = _pick(ranked, objective, target)
     t2 = time.perf_counter()
     spend = budget if budget is not None else chosen.solution.cost_per_hour
     base = _baselines(cm, cluster, workload, cand, chosen, spend, solver, sim_steps, seed) if baselines else {}
     t3 = time.perf_counter()
-    values = marginal_values(cm, cluster, workload, mode, objective, budget, target, solver,
-                             chosen.solution) if marginal else {}
+    values = marginal_values(cm, cluster, workload, mode, budget, solver) if marginal else {}
     t4 = time.perf_counter()
     seconds = {"solve": t1 - t0, "simulate": t2 - t1, "baselines": t3 - t2, "marginal": t4 - t3}
     predicted = {"samples_per_s": chosen.samples_per_s, "analytic_samples_per_s": chosen.solution.samples_per_s,
@@ -147,6 +149,40 @@ def plan(cluster: Cluster, workload: Workload, objective: Objective = "throughpu
          top_k: int = 3, **kw: Any) -> Plan:
     """The best plan (its `predicted` holds analytic and simulated figures and the baselines')."""
     return plan_report(cluster, workload, objective=objective, budget=budget, top_k=top_k, **kw).plan
+
+
+def _refine(cm: CostModel, cluster: Cluster, workload: Workload, cand: Candidates, ranked: tuple[Scored, ...],
+            objective: Objective, budget: float | None, target: float | None, solver: str, sim_steps: int,
+            seed: int, rounds: int) -> tuple[Scored, ...]:
+    """Hill-climb on the trainer's size around the best simulated plan, one node at a time.
+
+    The analytic model sees training as a capacity; in simulation a faster trainer also publishes
+    weights sooner, which widens the staleness window of the samples in flight. The simulator
+    judges: each neighbour gets the MILP's best engines for it, and the climb stops when no
+    neighbour simulates better (at most `rounds` moves).
+    """
+    out = list(ranked)
+    seen = {(s.solution.trainer.pool, s.solution.trainer.nodes) for s in ranked}
+    best = _pick(ranked, objective, target)
+    for _ in range(rounds):
+        t = best.solution.trainer
+        moved = False
+        for option in cand.trainers:
+            if option.pool != t.pool or abs(option.nodes - t.nodes) != 1 or (option.pool, option.nodes) in seen:
+                continue
+            seen.add((option.pool, option.nodes))
+            only = dataclasses.replace(cand, trainers=(option,))
+            found = solve(only, best.solution.mode, objective, budget, target, 1, solver)  # type: ignore[arg-type]
+            if not found:
+                continue
+            scored = _score(f"refined-{len(out) - len(ranked) + 1}", cm, cluster, workload, cand, found[0],
+                            sim_steps, seed)
+            out.append(scored)
+            if _pick((best, scored), objective, target) is scored:
+                best, moved = scored, True
+        if not moved:
+            break
+    return tuple(out)
 
 
 def _pick(ranked: tuple[Scored, ...], objective: Objective, target: float | None) -> Scored:

@@ -11,7 +11,7 @@ from planner.candidates import Candidates, candidates
 from traces import Cluster, CostModel, SpecError, Workload
 
 if TYPE_CHECKING:
-    from planner.milp import Objective, Solution
+    from planner.milp import Objective
 
 
 class NoPlan(SpecError):
@@ -87,19 +87,22 @@ def _smallest_trainer_gb(cm: CostModel, workload: Workload) -> float:
     return float(train_state_bytes(workload.model, 1, 1, 1, zero_stage=0)) / 1e9
 
 
-def marginal_values(cm: CostModel, cluster: Cluster, workload: Workload, mode: str, objective: Objective,
-                    budget: float | None, target: float | None, solver: str, base: Solution) -> dict[str, float]:
-    """Analytic samples/s gained per GPU if each pool had one more node (re-solved, budget unchanged)."""
+def marginal_values(cm: CostModel, cluster: Cluster, workload: Workload, mode: str, budget: float | None,
+                    solver: str) -> dict[str, float]:
+    """Analytic samples/s gained per GPU if each pool had one more node: the best plan re-solved with
+    and without it (same model, same budget), so the difference is the node's worth."""
     from planner.api import solve
 
+    def best(c: Cluster) -> float:
+        found = solve(candidates(cm, c, workload), mode, "throughput", budget, None, 1, solver)  # type: ignore[arg-type]
+        return found[0].samples_per_s if found else 0.0
+
+    base = best(cluster)
     out: dict[str, float] = {}
     for i, group in enumerate(cluster.node_groups):
         groups = list(cluster.node_groups)
         groups[i] = group.model_copy(update={"nodes": group.nodes + 1})
-        bigger = cluster.model_copy(update={"node_groups": tuple(groups)})
-        cand = candidates(cm, bigger, workload)
-        found = solve(cand, mode, "throughput", budget, None, 1, solver)  # type: ignore[arg-type]
-        gain = (found[0].samples_per_s - base.samples_per_s) if found else 0.0
+        gain = best(cluster.model_copy(update={"node_groups": tuple(groups)})) - base
         name = group.gpu_type if group.label is None else f"{group.gpu_type}@{group.label}"
         out[name] = float(np.round(max(gain, 0.0) / group.gpus_per_node, 6))
     return out

@@ -133,8 +133,15 @@ class Plan(BaseModel):
         return f"{gen}+{self._areal_trainer()}"
 
     def areal_allocation_modes(self, backend: str = "vllm") -> dict[str, str]:
-        """One AReaL rollout string per GPU type, plus the trainer under key 'trainer'."""
-        out = {g.gpu_type: f"{backend}:d{g.instances}t{g.tp}" for g in self.rollout}
+        """One AReaL rollout string per GPU type (per type and TP where a type has several), plus
+        the trainer under key 'trainer'."""
+        engines: dict[tuple[str, int], int] = {}
+        for g in self.rollout:
+            engines[(g.gpu_type, g.tp)] = engines.get((g.gpu_type, g.tp), 0) + g.instances
+        tps: dict[str, int] = {}
+        for gpu_type, _ in engines:
+            tps[gpu_type] = tps.get(gpu_type, 0) + 1
+        out = {(t if tps[t] == 1 else f"{t}-tp{tp}"): f"{backend}:d{n}t{tp}" for (t, tp), n in engines.items()}
         out["trainer"] = self._areal_trainer()
         return out
 
