@@ -176,42 +176,49 @@ def _longest_sample_seconds(cm: CostModel, gpu: GpuType, workload: Workload, tp:
     return float(cm.prefill(gpu, workload.model, tp, prompt).seconds) + longest * per_iter
 
 
-def _layouts(gpus: int, per_node: int, layers: int) -> np.ndarray:
-    """(dp, tp, pp) rows with tp inside a node and pp dividing the layers."""
-    rows = [(gpus // (tp * pp), tp, pp) for tp in _divisors(per_node) for pp in _divisors(min(layers, 64))
-            if gpus % (tp * pp) == 0]
-    return np.array(rows, dtype=np.int64).reshape(-1, 3)
+def _layouts(nodes: int, per_node: int, layers: int) -> np.ndarray:
+    """(nodes, dp, tp, pp) rows for 1..nodes whole nodes: tp inside a node, pp dividing the layers."""
+    rows = [(n, n * per_node // (tp * pp), tp, pp) for n in range(1, nodes + 1) for tp in _divisors(per_node)
+            for pp in _divisors(min(layers, 64)) if (n * per_node) % (tp * pp) == 0]
+    return np.array(rows, dtype=np.int64).reshape(-1, 4)
 
 
 def trainer_options(
     cm: CostModel, pools: tuple[Pool, ...], workload: Workload, sync_seconds: float, max_nodes: int | None = None
 ) -> list[TrainerOption]:
-    """The fastest fitting trainer per (pool, whole-node count); `sync_seconds` is added per step."""
+    """The fastest fitting trainer per (pool, whole-node count); `sync_seconds` is added per step.
+
+    Every layout of every node count is priced in one vectorised call per (ZeRO stage, recompute)."""
     batch = workload.samples_per_step
     tokens = batch * workload.mean_tokens_per_sample
     out = []
     for pool in pools:
-        for nodes in range(1, min(pool.nodes, max_nodes or pool.nodes) + 1):
-            lay = _layouts(nodes * pool.per_node, pool.per_node, workload.model.layers)
-            best: TrainerOption | None = None
-            for zero, recompute in product(ZERO_STAGES, RECOMPUTE):
-                dp, tp, pp = lay[:, 0], lay[:, 1], lay[:, 2]
-                fits = trainer_fits(cm, pool.gpu, workload, dp, tp, pp, zero_stage=zero, recompute=recompute)
-                if not fits.any():
-                    continue
-                logprob, train = trainer_step_seconds(
-                    cm, pool.gpu, workload, dp, tp, pp, tokens, zero_stage=zero, recompute=recompute,
-                    gpus_per_node=pool.per_node, inter_node_bytes_per_s=pool.inter_node_bytes_per_s)
-                step = np.where(fits, logprob + train + sync_seconds, np.inf)
-                i = int(np.argmin(step))
-                if best is None or step[i] < best.step_seconds:
-                    switch = float(cm.colocate_switch(pool.gpu, workload.model, 1, dp[i], tp[i], pp[i],
-                                                      zero_stage=zero).seconds)
-                    best = TrainerOption(pool.index, nodes, int(dp[i]), int(tp[i]), int(pp[i]), zero, recompute,
-                                         float(step[i]), batch / float(step[i]),
-                                         nodes * pool.per_node * pool.gpu.price_per_gpu_hour, switch)
-            if best is not None:
-                out.append(best)
+        lay = _layouts(min(pool.nodes, max_nodes or pool.nodes), pool.per_node, workload.model.layers)
+        nodes, dp, tp, pp = lay[:, 0], lay[:, 1], lay[:, 2], lay[:, 3]
+        best_step = np.full(len(lay), np.inf)
+        best_combo = np.zeros(len(lay), dtype=np.int64)
+        combos = list(product(ZERO_STAGES, RECOMPUTE))
+        for c, (zero, recompute) in enumerate(combos):
+            fits = trainer_fits(cm, pool.gpu, workload, dp, tp, pp, zero_stage=zero, recompute=recompute)
+            if not fits.any():
+                continue
+            logprob, train = trainer_step_seconds(
+                cm, pool.gpu, workload, dp, tp, pp, tokens, zero_stage=zero, recompute=recompute,
+                gpus_per_node=pool.per_node, inter_node_bytes_per_s=pool.inter_node_bytes_per_s)
+            step = np.where(fits, logprob + train + sync_seconds, np.inf)
+            better = step < best_step
+            best_step[better], best_combo[better] = step[better], c
+        for n in np.unique(nodes):
+            rows = np.flatnonzero(nodes == n)
+            i = int(rows[np.argmin(best_step[rows])])
+            if not np.isfinite(best_step[i]):
+                continue
+            zero, recompute = combos[best_combo[i]]
+            switch = float(cm.colocate_switch(pool.gpu, workload.model, 1, dp[i], tp[i], pp[i],
+                                              zero_stage=zero).seconds)
+            out.append(TrainerOption(pool.index, int(n), int(dp[i]), int(tp[i]), int(pp[i]), zero, recompute,
+                                     float(best_step[i]), batch / float(best_step[i]),
+                                     int(n) * pool.per_node * pool.gpu.price_per_gpu_hour, switch))
     return out
 
 

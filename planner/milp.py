@@ -206,7 +206,8 @@ def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget
     period, last = math.inf, 0.0
     for _ in range(FIXED_POINT_ROUNDS):
         derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
-        top = solve_async_fixed(derated, objective, budget=budget, target=target, top_k=1, solver_name=solver_name)
+        top = solve_async_fixed(derated, objective, budget=budget, target=target, top_k=1, solver_name=solver_name,
+                                bound=False)
         if not top:
             break
         rate = top[0].samples_per_s
@@ -218,16 +219,20 @@ def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget
 
 
 def solve_async_fixed(cand: Candidates, objective: Objective = "throughput", *, budget: float | None = None,
-                      target: float | None = None, top_k: int = 1, solver_name: str = "auto") -> list[Solution]:
-    """The best `top_k` distinct solutions, each a different trainer option (no-good cuts on y)."""
+                      target: float | None = None, top_k: int = 1, solver_name: str = "auto", bound: bool = True
+                      ) -> list[Solution]:
+    """The best `top_k` distinct solutions, each a different trainer option (no-good cuts on y).
+
+    `bound=False` skips the LP relaxation (the fixed point's intermediate rounds need no bound)."""
     trainers, engines = list(range(len(cand.trainers))), list(range(len(cand.engines)))
     if not trainers or not engines:
         return []
     args = (cand, objective, budget, target, trainers, engines)
-    relaxed = _build(*args, relax=True, in_flight=cand.in_flight_cap)
-    bound = math.nan
-    if _solve(relaxed, solver_name, relax=True):
-        bound = float(relaxed.z.varValue) if objective == "throughput" else float(pulp.value(relaxed.prob.objective))
+    lp_bound = math.nan
+    if bound:
+        relaxed = _build(*args, relax=True, in_flight=cand.in_flight_cap)
+        if _solve(relaxed, solver_name, relax=True):
+            lp_bound = float(relaxed.z.varValue if objective == "throughput" else pulp.value(relaxed.prob.objective))
     model = _build(*args, relax=False, in_flight=cand.in_flight_cap)
     out: list[Solution] = []
     for i in range(top_k):
@@ -236,7 +241,7 @@ def solve_async_fixed(cand: Candidates, objective: Objective = "throughput", *, 
         k, chosen = _chosen(cand, model)
         if not chosen:  # z = 0 is always feasible: no engine fits beside any trainer
             break
-        out.append(_make(cand, cand.trainers[k], chosen, "async", bound, _proven_gap(model)))
+        out.append(_make(cand, cand.trainers[k], chosen, "async", lp_bound, _proven_gap(model)))
         model.prob += model.y[k] <= 0, f"nogood{i}"
     return out
 
