@@ -1,0 +1,18 @@
+"""planner: which GPUs generate and which train. `planner.plan(cluster, workload, ...) -> Plan`.
+
+The API is loaded on first use, so `rlfleet` commands that do not plan start fast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Change", "pareto", "plan", "plan_report", "what_if"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from planner import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'planner' has no attribute {name!r}")

@@ -311,3 +311,13 @@ def test_shipped_mixed_fleet_plan_beats_every_baseline() -> None:
         assert r.baselines[name].solution.cost_per_hour <= r.chosen.solution.cost_per_hour + 1e-6, name
     gpus = r.plan.gpus_by_type
     assert r.plan.trainer.gpu_type == "H800" and gpus["H20"]["rollout"] == 128 and gpus["H20"]["train"] == 0
+
+
+def test_top_level_plan_returns_a_placed_plan_with_predictions() -> None:
+    import planner
+
+    plan = planner.plan(_h800_h20(), _workload(), objective="throughput", budget=60.0, top_k=2, cost_model=CM,
+                        sim_steps=3, baselines=False, marginal=False)
+    assert isinstance(plan, Plan) and plan.trainer.nodes
+    assert plan.predicted["cost_per_hour"] <= 60.0
+    assert plan.predicted["samples_per_s"] > 0 and plan.predicted["analytic_samples_per_s"] > 0
