@@ -43,8 +43,9 @@ def load_yaml_text(text: str, origin: str) -> Any:
         mark = exc.problem_mark or exc.context_mark
         where = f"{origin}:{mark.line + 1}" if mark else origin
         raise SpecError(f"{where}: YAML syntax error: {exc.problem or exc.context}") from None
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{origin}: YAML error: {exc}") from None
+    except yaml.YAMLError as exc:  # e.g. a control character: one line, no parser internals
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise SpecError(f"{origin}: not valid YAML text: {first}") from None
 
 
 def load_yaml(path: str | os.PathLike[str]) -> Any:
