@@ -154,7 +154,7 @@ def plan(cluster: Cluster, workload: Workload, objective: Objective = "throughpu
 def _refine(cm: CostModel, cluster: Cluster, workload: Workload, cand: Candidates, ranked: tuple[Scored, ...],
             objective: Objective, budget: float | None, target: float | None, solver: str, sim_steps: int,
             seed: int, rounds: int) -> tuple[Scored, ...]:
-    """Hill-climb on the trainer's size around the best simulated plan, one node at a time.
+    """Hill-climb on the trainer's size around the best simulated plan, one size step at a time.
 
     The analytic model sees training as a capacity; in simulation a faster trainer also publishes
     weights sooner, which widens the staleness window of the samples in flight. The simulator
@@ -167,8 +167,11 @@ def _refine(cm: CostModel, cluster: Cluster, workload: Workload, cand: Candidate
     for _ in range(rounds):
         t = best.solution.trainer
         moved = False
+        sizes = sorted(o.nodes for o in cand.trainers if o.pool == t.pool)
+        i = sizes.index(t.nodes)
+        near = set(sizes[max(0, i - 1):i + 2]) - {t.nodes}  # the next smaller and larger sizes
         for option in cand.trainers:
-            if option.pool != t.pool or abs(option.nodes - t.nodes) != 1 or (option.pool, option.nodes) in seen:
+            if option.pool != t.pool or option.nodes not in near or (option.pool, option.nodes) in seen:
                 continue
             seen.add((option.pool, option.nodes))
             only = dataclasses.replace(cand, trainers=(option,))

@@ -176,9 +176,22 @@ def _longest_sample_seconds(cm: CostModel, gpu: GpuType, workload: Workload, tp:
     return float(cm.prefill(gpu, workload.model, tp, prompt).seconds) + longest * per_iter
 
 
+EVERY_NODE_COUNT_UP_TO = 64  # trainer sizes: every whole-node count up to here, then ~10% steps
+NODE_STEP = 1.1
+
+
+def trainer_node_counts(nodes: int) -> list[int]:
+    """Trainer sizes considered for a pool of `nodes` nodes: bounded (~140 at 100k nodes), so a
+    huge fleet cannot blow up the MILP, while every size is there for fleets up to 512 GPUs a type."""
+    counts = list(range(1, min(nodes, EVERY_NODE_COUNT_UP_TO) + 1))
+    while counts[-1] < nodes:
+        counts.append(min(nodes, max(counts[-1] + 1, round(counts[-1] * NODE_STEP))))
+    return counts
+
+
 def _layouts(nodes: int, per_node: int, layers: int) -> np.ndarray:
-    """(nodes, dp, tp, pp) rows for 1..nodes whole nodes: tp inside a node, pp dividing the layers."""
-    rows = [(n, n * per_node // (tp * pp), tp, pp) for n in range(1, nodes + 1) for tp in _divisors(per_node)
+    """(nodes, dp, tp, pp) rows for the trainer sizes of a pool: tp inside a node, pp dividing the layers."""
+    rows = [(n, n * per_node // (tp * pp), tp, pp) for n in trainer_node_counts(nodes) for tp in _divisors(per_node)
             for pp in _divisors(min(layers, 64)) if (n * per_node) % (tp * pp) == 0]
     return np.array(rows, dtype=np.int64).reshape(-1, 4)
 

@@ -21,6 +21,8 @@ from traces import Cluster, CostModel, NodeGroup, Plan, SpecError, Workload, get
 from traces.costmodel.rl import trainer_step_seconds
 from traces.plan import RolloutGroup
 
+MAX_SAMPLES = 20_000_000  # lengths are drawn up front: bound the memory a bad input can ask for
+
 
 @dataclass(frozen=True)
 class _EngineSpec:
@@ -133,6 +135,9 @@ def simulate(
     batch = workload.samples_per_step
     eta = plan.staleness  # Plan guarantees 0 outside async mode
     total = batch * (steps + eta + 1)
+    if total > MAX_SAMPLES:
+        raise SpecError(f"simulating {steps} steps of {batch} samples would draw {total:,} samples (at most "
+                        f"{MAX_SAMPLES:,}); simulate fewer steps or a smaller batch")
     rng = np.random.default_rng(seed)
     prompts = workload.prompt_len.sample(rng, total)
     responses = workload.response_len.sample(rng, total)

@@ -243,6 +243,27 @@ def test_costs_never_crash_on_fuzzed_arguments(capsys: pytest.CaptureFixture[str
         assert obj["seconds"] >= 0 and _finite(obj), obj
 
 
+def test_huge_inputs_are_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A 1.6M-GPU fleet plans in bounded time; a 4-billion-sample batch is refused up front."""
+    import time
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("node_groups:\n  - {gpu_type: H100, nodes: 100000}\n  - {gpu_type: H20, nodes: 100000}\n")
+    job = tmp_path / "job.yaml"
+    job.write_text("model: qwen2.5-1.5b\nprompts_per_step: 1000000\ngroup_size: 4096\n"
+                   "prompt_len: {kind: fixed, value: 10}\nresponse_len: {kind: fixed, value: 10}\nstaleness: 1\n")
+    t0 = time.monotonic()
+    argv = ["plan", "--cluster", str(fleet), "--workload", "traces/data/workloads/qwen2.5-1.5b-math-short.yaml",
+            "--no-baselines", "--sim-steps", "1", "--top-k", "1", "--json"]
+    obj = _check(*_run(capsys, argv), argv)
+    assert obj is not None and obj["samples_per_s"] > 0
+    assert time.monotonic() - t0 < SECONDS_PER_CALL
+    argv = ["simulate", "--cluster", "traces/data/clusters/mixed-h800-h20-l40s.yaml", "--workload", str(job),
+            "--plan", "traces/data/plans/mixed-async.json"]
+    code, _, err = _run(capsys, argv)
+    assert code == 2 and "at most 20,000,000" in err
+
+
 def test_fuzz_count_report() -> None:
     """Runs after the two fuzz tests (file order): print and check how many inputs they tried."""
     total = sum(TRIED.values())
