@@ -5,7 +5,10 @@ PIP := $(PY) -m pip
 # torch: the CPU wheel (2.13.0) unless a CUDA driver is present; an unpinned torch pulls a multi-GB CUDA build.
 TORCH_PIN := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "torch" || echo "torch==2.13.0")
 
-.PHONY: demo test lint bench clean
+# The report test renders HTML in headless Chromium (Debian package `chromium`).
+SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
+
+.PHONY: demo test lint bench clean browser
 
 $(VENV)/.core: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -24,7 +27,11 @@ demo: $(VENV)/.core
 	$(VENV)/bin/rlfleet plan --cluster traces/data/clusters/mixed-h800-h20-l40s.yaml \
 		--workload traces/data/workloads/qwen2.5-7b-grpo-longtail.yaml --out out/plan.json
 
-test: $(VENV)/.full
+browser:
+	command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+		($(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium)
+
+test: $(VENV)/.full browser
 	$(VENV)/bin/ruff check traces sim planner runtime tests bench
 	$(PY) -m pytest tests
 

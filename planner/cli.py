@@ -63,14 +63,14 @@ def _json_default(value: Any) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from planner.commands import catalog, costs, plan, simulate, validate
+    from planner.commands import catalog, costs, plan, report, simulate, validate
 
     parser = _Parser(
         prog="rlfleet",
         description="Simulate, plan and run RL post-training of LLMs on a mixed GPU fleet.",
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
-    for module in (catalog, costs, validate, simulate, plan):
+    for module in (catalog, costs, validate, simulate, plan, report):
         module.register(sub)
     return parser
 

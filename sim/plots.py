@@ -38,3 +38,49 @@ def gantt(result: SimResult, max_resources: int = 24, title: str | None = None) 
                  f"mean step {result.mean_step_s:.1f} s, max staleness {result.max_staleness}")
     fig.tight_layout()
     return fig
+
+
+def gpu_colour(name: str) -> str:
+    """One colour per GPU type, the same in every plot (catalog order over a 12-colour palette)."""
+    from traces import gpu_names
+
+    palette = plt.get_cmap("tab20").colors
+    names = gpu_names()
+    index = names.index(name) if name in names else len(names)
+    return matplotlib.colors.to_hex(palette[(2 * index) % 20 if index < 10 else (2 * index + 1) % 20])
+
+
+def _group_gpu(group: str) -> str | None:
+    """'rollout:H20:tp1' -> 'H20'; the trainer row has no type in the result."""
+    parts = group.split(":")
+    return parts[1] if len(parts) == 3 else None
+
+
+def utilization(result: SimResult, title: str | None = None) -> Figure:
+    """Busy share of each plan group's GPUs over the run, bars coloured by GPU type."""
+    groups = list(result.utilization)
+    values = [100 * result.utilization[g] for g in groups]
+    colours = [gpu_colour(t) if (t := _group_gpu(g)) else "#7f7f7f" for g in groups]
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(groups) + 1), 3.2))
+    ax.bar(range(len(groups)), values, color=colours)
+    ax.set_xticks(range(len(groups)), groups, rotation=20, ha="right", fontsize=8)
+    ax.set_ylim(0, 100)
+    ax.set_xlabel("plan group")
+    ax.set_ylabel("busy (% of time)")
+    ax.set_title(title or "How busy each group of GPUs was")
+    fig.tight_layout()
+    return fig
+
+
+def staleness_histogram(result: SimResult, title: str | None = None) -> Figure:
+    """Share of trained tokens by how many policy versions old they were."""
+    lags = sorted(result.staleness_hist)
+    total = sum(result.staleness_hist.values()) or 1
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.bar(lags, [100 * result.staleness_hist[k] / total for k in lags], color="#4c78a8")
+    ax.set_xticks(lags)
+    ax.set_xlabel("staleness (policy versions behind the trainer)")
+    ax.set_ylabel("trained tokens (%)")
+    ax.set_title(title or f"Token staleness (max {result.max_staleness})")
+    fig.tight_layout()
+    return fig

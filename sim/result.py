@@ -49,6 +49,16 @@ class SimResult:
         """Over time: samples waiting for KV room, samples in flight, samples buffered for training."""
         return pd.DataFrame(list(self.queue_rows), columns=["time", "waiting", "in_flight", "buffered"])
 
+    def to_frame(self) -> pd.DataFrame:
+        """The headline figures as one row (for comparing runs by concatenation)."""
+        row = {k: v for k, v in self.summary().items() if not isinstance(v, dict)}
+        row.update({f"busy:{k}": v for k, v in self.utilization.items()})
+        return pd.DataFrame([row])
+
+    def _repr_html_(self) -> str:
+        table = self.to_frame().T.rename(columns={0: "value"})
+        return f"<b>simulated {self.mode} plan</b>" + table.to_html(float_format=lambda x: f"{x:,.4g}")
+
     def summary(self) -> dict[str, Any]:
         return {
             "mode": self.mode,

@@ -99,6 +99,26 @@ class Plan(BaseModel):
             return self.trainer.gpus
         return sum(g.gpus for g in self.rollout) + self.trainer.gpus
 
+    def to_frame(self) -> Any:
+        """One row per group: role, GPU type, parallelism, GPUs and nodes (a pandas DataFrame)."""
+        import pandas as pd
+
+        t = self.trainer
+        rows = [{"role": "rollout", "gpu_type": g.gpu_type, "instances": g.instances, "tp": g.tp, "dp": None,
+                 "pp": None, "gpus": g.gpus, "nodes": _span(g.nodes)} for g in self.rollout]
+        rows.append({"role": "train", "gpu_type": t.gpu_type, "instances": 1, "tp": t.tp, "dp": t.dp, "pp": t.pp,
+                     "gpus": t.gpus, "nodes": _span(t.nodes)})
+        return pd.DataFrame(rows).astype({"dp": "Int64", "pp": "Int64"})
+
+    def summary(self) -> dict[str, Any]:
+        return {"mode": self.mode, "staleness": self.staleness, "gpus": self.gpus_by_type,
+                "total_gpus": self.total_gpus, "predicted": dict(self.predicted)}
+
+    def _repr_html_(self) -> str:
+        head = f"<b>{self.mode} plan</b>" + (f", staleness {self.staleness}" if self.mode == "async" else "")
+        predicted = "".join(f"<li>{k}: {v:,.4g}</li>" for k, v in self.predicted.items())
+        return head + self.to_frame().to_html(index=False, na_rep="") + (f"<ul>{predicted}</ul>" if predicted else "")
+
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=False) + "\n"
 
@@ -150,6 +170,12 @@ class Plan(BaseModel):
         if t.tp == 1 and t.pp == 1:
             return f"fsdp:d{t.dp}"
         return f"megatron:d{t.dp}p{t.pp}t{t.tp}"
+
+
+def _span(nodes: tuple[int, ...]) -> str:
+    if not nodes:
+        return ""
+    return str(nodes[0]) if len(nodes) == 1 else f"{nodes[0]}-{nodes[-1]}"
 
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:
