@@ -8,7 +8,7 @@ TORCH_PIN := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "torch" || ec
 # The report test renders HTML in headless Chromium (Debian package `chromium`).
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
-.PHONY: demo test lint bench clean browser
+.PHONY: demo test lint bench clean browser notebooks
 
 $(VENV)/.core: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -34,6 +34,10 @@ browser:
 test: $(VENV)/.full browser
 	$(VENV)/bin/ruff check traces sim planner runtime tests bench
 	$(PY) -m pytest tests
+
+# Executes every notebook and renders it to notebooks/html/ (git-ignored).
+notebooks: $(VENV)/.full
+	$(PY) -m jupyter nbconvert --to html --execute notebooks/*.ipynb --output-dir notebooks/html
 
 lint: $(VENV)/.full
 	$(VENV)/bin/ruff check traces sim planner runtime tests bench

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+import matplotlib.pyplot as plt  # headless machines fall back to Agg; notebooks keep their inline backend
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 

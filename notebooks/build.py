@@ -1,0 +1,160 @@
+"""Writes the what-if notebooks from the cell sources below (outputs stripped): `python notebooks/build.py`.
+
+Keeping the cells here makes them reviewable as code; the .ipynb files are what users open.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+
+HERE = Path(__file__).parent
+
+FLEET_WHAT_IF = [
+    ("md", """# What if the fleet changed?
+
+Start from the shipped mixed fleet (64 H800, 128 H20, 32 L40S) and the long-tailed GRPO job on
+qwen2.5-7b. Each variant adds or removes GPUs or caps the budget; the planner re-plans it
+(MILP, then the simulator re-ranks) and we compare throughput and dollars per 1k samples."""),
+    ("code", """import matplotlib.pyplot as plt
+from planner import Change, what_if
+from traces import example_cluster, example_workload
+
+cluster = example_cluster("mixed-h800-h20-l40s")
+workload = example_workload("qwen2.5-7b-grpo-longtail")
+variants = [
+    Change("+64 H20", gpus={"H20": 64}),
+    Change("-32 L40S", gpus={"L40S": -32}),
+    Change("+16 H800", gpus={"H800": 16}),
+    Change("budget $150/h", budget=150.0),
+    Change("staleness 1", workload={"staleness": 1}),
+]
+table = what_if(cluster, workload, variants, sim_steps=6)
+table"""),
+    ("md", "Throughput (simulated) and cost per 1k samples of each variant's chosen plan:"),
+    ("code", """fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
+left.barh(table.variant, table.samples_per_s, color="#4c78a8")
+left.set_xlabel("throughput (samples/s, simulated)")
+left.set_title("Throughput of each variant's best plan")
+left.invert_yaxis()
+right.barh(table.variant, table.cost_per_1k_samples, color="#f58518")
+right.set_xlabel("$ per 1k samples")
+right.set_title("Cost of each variant's best plan")
+right.invert_yaxis()
+fig.tight_layout()"""),
+    ("md", "Which GPUs each chosen plan uses, by role:"),
+    ("code", """gpu_columns = [c for c in table.columns if c.endswith(("_rollout", "_train"))]
+table.set_index("variant")[gpu_columns].astype(int)"""),
+]
+
+STALENESS_AND_MODES = [
+    ("md", """# Staleness and modes
+
+The same 16 H800 GPUs run GRPO on qwen2.5-7b three ways: asynchronous and disaggregated (8
+engines, 8 trainer GPUs) with a staleness bound eta from 0 to 8, synchronous disaggregated, and
+colocated synchronous (all 16 GPUs alternate). Short fixed responses against long-tailed ones."""),
+    ("code", """import pandas as pd
+from sim import simulate
+from sim.plots import gantt, staleness_histogram
+from planner.plots import throughput_curve
+from traces import Cluster, Plan, RolloutGroup, TrainerGroup, Workload, get_model
+from traces.workload import LengthDist
+
+cluster = Cluster(name="h800-16", node_groups=({"gpu_type": "H800", "nodes": 2},))
+lengths = {
+    "short fixed (256)": LengthDist(kind="fixed", value=256),
+    "long tail (lognormal, cap 8k)": LengthDist(kind="lognormal", mean=1000, sigma=1.2, cap=8000),
+}
+
+def job(responses, mode, eta=0):
+    return Workload(name="grpo", model=get_model("qwen2.5-7b"), prompts_per_step=32, group_size=8,
+                    prompt_len=LengthDist(kind="fixed", value=200), response_len=responses, mode=mode,
+                    staleness=eta, reward_seconds=0.01)
+
+def plan(mode, eta=0):
+    if mode == "colocated":
+        return Plan(mode=mode, rollout=(RolloutGroup(gpu_type="H800", instances=16),),
+                    trainer=TrainerGroup(gpu_type="H800", dp=16))
+    return Plan(mode=mode, staleness=eta, rollout=(RolloutGroup(gpu_type="H800", instances=8),),
+                trainer=TrainerGroup(gpu_type="H800", dp=8))
+
+rows, runs = [], {}
+for name, responses in lengths.items():
+    for eta in (0, 1, 2, 4, 8):
+        r = simulate(cluster, job(responses, "async", eta), plan("async", eta), steps=2 * (eta + 1) + 6)
+        rows.append({"lengths": name, "mode": "async", "eta": eta, "samples_per_s": r.samples_per_s})
+        runs[(name, f"async eta={eta}")] = r
+    for mode in ("sync", "colocated"):
+        r = simulate(cluster, job(responses, mode), plan(mode), steps=8)
+        rows.append({"lengths": name, "mode": mode, "eta": 0, "samples_per_s": r.samples_per_s})
+        runs[(name, mode)] = r
+frame = pd.DataFrame(rows)
+frame.pivot_table(index=["lengths", "mode"], columns="eta", values="samples_per_s")"""),
+    ("md", "Throughput against the staleness bound (sync and colocated do not use it: flat lines at eta 0):"),
+    ("code", """for name in lengths:
+    part = frame[frame.lengths == name]
+    sync_like = part[part["mode"] != "async"]
+    curve = pd.concat([part[part["mode"] == "async"],
+                       *[pd.DataFrame({"mode": m, "eta": [0, 8], "samples_per_s": [v, v]})
+                         for m, v in zip(sync_like["mode"], sync_like.samples_per_s)]])
+    throughput_curve(curve, "eta", series="mode", xlabel="staleness bound eta",
+                     title=f"Throughput against eta: {name}")"""),
+    ("md", "How stale the trained tokens were (async, eta = 4):"),
+    ("code", """for name in lengths:
+    staleness_histogram(runs[(name, "async eta=4")], title=f"Token staleness, eta 4: {name}")"""),
+    ("md", "What each mode's GPUs did, long-tailed responses (first rows of each timeline):"),
+    ("code", """name = "long tail (lognormal, cap 8k)"
+for mode in ("async eta=4", "sync", "colocated"):
+    gantt(runs[(name, mode)], max_resources=9, title=f"{mode}: {runs[(name, mode)].samples_per_s:.1f} samples/s")"""),
+]
+
+COST_PARETO = [
+    ("md", """# Cost against throughput
+
+For a range of throughput targets, the cheapest plan on the shipped mixed fleet, beside the
+cheapest plan on fleets of one GPU type (each with the same number of GPUs of that type as the
+mixed fleet has in total). Analytic figures from the MILP (no simulation), so this is quick."""),
+    ("code", """import pandas as pd
+from planner import pareto
+from planner.plots import pareto_frontier
+from traces import Cluster, example_cluster, example_workload
+
+cluster = example_cluster("mixed-h800-h20-l40s")
+workload = example_workload("qwen2.5-7b-grpo-longtail")
+frontiers = {"mixed fleet": pareto(cluster, workload, points=8)}
+for group in cluster.node_groups:
+    nodes = cluster.total_gpus // group.gpus_per_node
+    alone = Cluster(name=group.gpu_type, node_groups=(group.model_copy(update={"nodes": nodes}),))
+    frontiers[group.gpu_type] = pareto(alone, workload, points=8)
+frontiers["mixed fleet"]"""),
+    ("code", """pareto_frontier(frontiers, title="Cheapest $/h for each throughput, mixed fleet and one-type fleets");"""),
+    ("md", "The cheapest fleet per target (analytic $/h):"),
+    ("code", """best = []
+for name, frame in frontiers.items():
+    for row in frame.itertuples():
+        best.append({"fleet": name, "samples_per_s": round(row.samples_per_s, 1), "cost_per_hour": row.cost_per_hour})
+pd.DataFrame(best).sort_values(["samples_per_s", "cost_per_hour"]).groupby(
+    pd.cut(pd.DataFrame(best).samples_per_s, 6), observed=True).first()"""),
+]
+
+NOTEBOOKS = {"fleet_what_if": FLEET_WHAT_IF, "staleness_and_modes": STALENESS_AND_MODES,
+             "cost_pareto": COST_PARETO}
+
+
+def build() -> list[Path]:
+    written = []
+    for name, cells in NOTEBOOKS.items():
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_markdown_cell(src) if kind == "md" else nbformat.v4.new_code_cell(src)
+                    for kind, src in cells]
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        path = HERE / f"{name}.ipynb"
+        nbformat.write(nb, path)
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    for path in build():
+        print(path)
