@@ -23,6 +23,7 @@ from planner.placement import reprice_sync, to_plan
 from sim import SimResult, simulate
 from traces import Cluster, CostModel, NodeGroup, Plan, SpecError, Workload, get_gpu
 from traces.io import validate
+from traces.progress import bar
 
 Mode = Literal["async", "sync", "colocated"]
 
@@ -125,7 +126,9 @@ def plan_report(
     if not found:
         explain_empty(cm, cluster, workload, cand, mode, objective, budget, target, solver)
     t1 = time.perf_counter()
-    ranked = tuple(_score(f"top-{i + 1}", cm, cluster, workload, cand, s, sim_steps, seed) for i, s in enumerate(found))
+    with bar(len(found), "simulating the top plans", unit="plan") as progress:
+        ranked = tuple(_tick(progress, _score(f"top-{i + 1}", cm, cluster, workload, cand, s, sim_steps, seed))
+                       for i, s in enumerate(found))
     if sim_steps > 0 and refine > 0:
         ranked = _refine(cm, cluster, workload, cand, ranked, objective, budget, target, solver, sim_steps, seed,
                          refine)
@@ -186,6 +189,11 @@ def _refine(cm: CostModel, cluster: Cluster, workload: Workload, cand: Candidate
         if not moved:
             break
     return tuple(out)
+
+
+def _tick(progress: Any, value: Any) -> Any:
+    progress.update()
+    return value
 
 
 def _pick(ranked: tuple[Scored, ...], objective: Objective, target: float | None) -> Scored:
@@ -274,7 +282,7 @@ def pareto(cluster: Cluster, workload: Workload, *, points: int = 8, cost_model:
     if not top:
         explain_empty(cm, cluster, workload, cand, workload.mode, "throughput", None, None, solver)
     rows = []
-    for frac in np.linspace(0.1, 1.0, points):
+    for frac in _tick_all(np.linspace(0.1, 1.0, points), "pareto sweep"):
         target = float(frac * top[0].samples_per_s) * (1 - 1e-6)
         found = solve(cand, workload.mode, "cost", None, target, 1, solver)
         if found:
@@ -283,6 +291,14 @@ def pareto(cluster: Cluster, workload: Workload, *, points: int = 8, cost_model:
                          "cost_per_1k_samples": s.cost_per_hour / 3.6 / s.samples_per_s, "gap": s.gap,
                          **_gpu_columns(to_plan(cluster, workload, cand, s))})
     return pd.DataFrame(rows)
+
+
+def _tick_all(items: Any, desc: str) -> Any:
+    items = list(items)
+    with bar(len(items), desc) as progress:
+        for item in items:
+            yield item
+            progress.update()
 
 
 def _gpu_columns(plan: Plan) -> dict[str, int]:
@@ -306,7 +322,7 @@ def what_if(cluster: Cluster, workload: Workload, changes: list[Change | dict[st
     cm = cost_model or CostModel()
     variants = [Change("baseline")] + [c if isinstance(c, Change) else Change(**c) for c in changes]
     rows = []
-    for change in variants:
+    for change in _tick_all(variants, "what-if variants"):
         c2, w2 = apply_change(cluster, workload, change)
         spend = change.budget if change.budget is not None else budget
         try:

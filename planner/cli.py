@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from traces.errors import SpecError
+from traces.progress import set_quiet
 
 EXIT_BAD_INPUT = 2
 
@@ -72,12 +73,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
     for module in (catalog, costs, validate, simulate, plan, report):
         module.register(sub)
+    for command in sub.choices.values():
+        command.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    set_quiet(args.quiet)
     try:
         return int(args.handler(args) or 0)
     except SpecError as exc:

@@ -20,6 +20,7 @@ from sim.trainer import Trainer
 from traces import Cluster, CostModel, NodeGroup, Plan, SpecError, Workload, get_gpu
 from traces.costmodel.rl import trainer_step_seconds
 from traces.plan import RolloutGroup
+from traces.progress import bar
 
 MAX_SAMPLES = 20_000_000  # lengths are drawn up front: bound the memory a bad input can ask for
 
@@ -168,7 +169,9 @@ def simulate(
                       switch_seconds=_switch_seconds(cm, cluster, workload, plan))
     if record_queue:
         env.process(_sample_queue(env, ctl, engines, rec))
-    env.run(until=trainer.done)
+    with bar(steps, "simulating", unit="step") as progress:
+        trainer.on_step = progress.update
+        env.run(until=trainer.done)
     return _result(rec, ctl, engines, plan, cluster, env.now)
 
 

@@ -21,6 +21,7 @@ class Trainer:
         self.steps, self.step_seconds, self.sync_seconds = steps, step_seconds, sync_seconds
         self.push_weights, self.name = push_weights, name
         self.switch_seconds = switch_seconds  # colocated: engines hand the GPUs over and back
+        self.on_step: Callable[[], None] = lambda: None  # progress reporting
         self._wake: simpy.Event | None = None
         self._step = 0  # the step it waits to train
         controller.on_buffer = self._poke
@@ -56,6 +57,7 @@ class Trainer:
             yield self.env.timeout(train_s)
             self.rec.interval(self.name, "trainer", "train", t1, self.env.now, step, len(batch))
             self.rec.step_ends.append(self.env.now)
+            self.on_step()
             self.rec.step_samples.append(len(batch))
             self.rec.step_tokens.append(tokens)
             self.rec.count()

@@ -133,3 +133,44 @@ def test_simulate_cli_writes_timeline_and_gantt(cli, tmp_path) -> None:  # type:
     assert obj["max_staleness"] <= 4
     assert csv.read_text().startswith("resource,group,activity,start,end,version,samples")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def _stderr_on_a_terminal(*argv: str) -> str:
+    """Run the CLI with stderr on a pseudo-terminal (100 columns) and return what it drew there."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+    subprocess.run([sys.executable, "-m", "planner.cli", *argv], stderr=slave, stdout=subprocess.DEVNULL,
+                   timeout=300, check=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_progress_bars_show_on_a_terminal_and_not_when_quiet_or_piped() -> None:
+    import subprocess
+    import sys
+
+    sim = ["simulate", "--cluster", "traces/data/clusters/mixed-h800-h20-l40s.yaml",
+           "--workload", "traces/data/workloads/qwen2.5-1.5b-math-short.yaml",
+           "--plan", "traces/data/plans/mixed-async.json", "--steps", "3"]
+    assert "simulating" in _stderr_on_a_terminal(*sim)
+    assert "simulating" not in _stderr_on_a_terminal(*sim, "--quiet")
+    piped = subprocess.run([sys.executable, "-m", "planner.cli", *sim], capture_output=True, text=True, check=True)
+    assert piped.stderr == ""
