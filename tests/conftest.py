@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +11,10 @@ from pathlib import Path
 import pytest
 
 from planner.cli import main
+
+# Ray in tests listens on loopback only (this makes Ray take 127.0.0.1 as every node's address; it
+# is read when ray is first imported, so it is set before any test imports it)
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 @dataclass

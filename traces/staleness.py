@@ -1,0 +1,108 @@
+"""AReaL's capacity rule and the staleness-safe batch selection, without any clock or engine.
+
+The runtime admits and trains through it; the simulator's controller applies the same rule.
+
+Units are whatever the caller admits atomically: the loop admits GRPO groups, so `batch` is prompts
+per step. With trainer version v, at most (eta + v + 1) * batch units may ever have been admitted.
+An item admitted at version L has every token at version >= L, and step s trains with weights of
+version s, so its tokens are at most s - L versions old: step s must train every item with
+L <= s - eta, and items with L > s - eta have L + eta - s later steps left to be trained in. A step
+takes the `batch` oldest completed items only if, afterwards, for every level L the untrained items
+of versions <= L fit in the batches of the steps still allowed for them. Waiting for completions
+always makes this true (by induction over steps), so nothing is dropped or trained twice and no
+trained token is older than eta versions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Admitted(Generic[T]):
+    """A completed unit waiting in the buffer: its start version, an id for order, the payload."""
+
+    start_version: int
+    uid: int
+    item: T
+
+
+@dataclass
+class CapacityController(Generic[T]):
+    batch: int
+    eta: int
+    version: int = 0
+    admitted: int = 0
+    in_flight: Counter[int] = field(default_factory=Counter)  # start version -> admitted, not completed
+    buffer: dict[int, list[Admitted[T]]] = field(default_factory=dict)  # start version -> completed, untrained
+
+    def __post_init__(self) -> None:
+        if self.batch < 1 or self.eta < 0:
+            raise ValueError(f"need batch >= 1 and eta >= 0, got batch={self.batch}, eta={self.eta}")
+
+    @property
+    def buffered(self) -> int:
+        return sum(len(v) for v in self.buffer.values())
+
+    def allowance(self) -> int:
+        """Units that may be admitted now without breaking (eta + v + 1) * batch."""
+        return (self.eta + self.version + 1) * self.batch - self.admitted
+
+    def admit(self) -> tuple[int, int]:
+        """Admit one unit at the current version; returns (uid, start version)."""
+        if self.allowance() <= 0:
+            raise RuntimeError("capacity rule: no allowance left at this version")
+        uid = self.admitted
+        self.admitted += 1
+        self.in_flight[self.version] += 1
+        return uid, self.version
+
+    def complete(self, uid: int, start_version: int, item: T) -> None:
+        if self.in_flight[start_version] <= 0:
+            raise RuntimeError(f"unit {uid} completed at version {start_version} but none is in flight there")
+        self.in_flight[start_version] -= 1
+        self.buffer.setdefault(start_version, []).append(Admitted(start_version, uid, item))
+
+    def _taken(self) -> dict[int, int]:
+        """How many units of each start version the next batch (the `batch` oldest) takes."""
+        out, need = {}, self.batch
+        for level in sorted(self.buffer):
+            n = min(need, len(self.buffer[level]))
+            if n:
+                out[level], need = n, need - n
+            if need == 0:
+                break
+        return out
+
+    def ready(self, step: int) -> bool:
+        """Step `step` may train the `batch` oldest completed units without breaking the bound later."""
+        if self.buffered < self.batch:
+            return False
+        taken = self._taken()
+        untrained: Counter[int] = Counter(self.in_flight)
+        for level, units in self.buffer.items():
+            untrained[level] += len(units) - taken.get(level, 0)
+        levels = [lv for lv, n in untrained.items() if n > 0]
+        left = 0
+        for level in range(min(levels, default=step), step + 1):
+            left += untrained.get(level, 0)
+            if left > max(0, level + self.eta - step) * self.batch:
+                return False
+        return True
+
+    def take(self) -> list[Admitted[T]]:
+        """Remove and return the `batch` oldest completed units, by start version then uid."""
+        batch: list[Admitted[T]] = []
+        for level, n in self._taken().items():
+            pool = sorted(self.buffer.pop(level), key=lambda a: a.uid)
+            batch.extend(pool[:n])
+            if pool[n:]:
+                self.buffer[level] = pool[n:]
+        return batch
+
+    def new_version(self, version: int) -> None:
+        self.version = version
