@@ -133,6 +133,7 @@ def main() -> None:
     bad = 0
     for name in base:
         b, n = base[name], new[name]
+        b["timeline"], n["timeline"] = sorted(b["timeline"]), sorted(n["timeline"])  # ties may come in any order
         diffs = [k for k in ("summary", "step_times", "trained_ids", "admitted", "timeline", "queue")
                  if not same(b[k], n[k])]
         bad += bool(diffs)

@@ -1,57 +1,112 @@
-"""A rollout engine under continuous batching.
+"""A rollout engine under continuous batching, planned ahead in closed form.
 
-Between two events the running batch is fixed, so the engine jumps straight to the next
-completion (or to the iteration where its KV cache would overflow) with a closed-form sum of
-iteration times. An admission opening up or a weight update interrupts the jump at the next
-iteration boundary. Events grow with samples, not tokens. `token_level=True` takes one event per
-iteration instead: the reference the fast path is checked against.
+Between events the running batch is fixed, so the engine does not step through its samples one by
+one: it plans every completion until it would next have a decision to take (its batch drains, its
+KV cache would overflow, or, when new work could reach it, its next completion) as numpy arrays:
+the jumps between completions, each a closed-form sum of iteration times (sim.costs). It files the
+planned completions with the controller and sleeps until the plan ends. A weight update or new
+requests interrupt it; it then finishes the iteration in progress and keeps only what happened.
+
+When nothing can reach it but an interrupt ("quiet": no staleness allowance left to route, no update
+pending) it also plans its KV re-prefill and the prefill of what it admits, at the instant it loads
+new weights: every engine files its plan in the same instant, and the trainer's wake-up timer is
+reset once rather than once per engine. The reference it is checked against is sim.reference
+(one event per decode iteration).
 """
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Generator
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import simpy
 
+from sim.clock import timeout_at
 from sim.controller import Controller
 from sim.costs import DecodeTable, PrefillCurve
+from sim.pending import Chunk
 from sim.recorder import Recorder
-from sim.sample import Sample
+from sim.samples import Samples
 
 KV_WATERMARK = 0.01  # vLLM's block-manager watermark
+EMPTY = np.empty(0, np.int64)
+
+
+@dataclass
+class Batch:
+    """Running samples, sorted by (finish, sid): completions always leave from the front."""
+
+    sid: np.ndarray
+    finish: np.ndarray  # engine progress (iterations) at which it has generated its whole response
+    joined: np.ndarray  # progress since which its tokens are not yet credited
+
+    def __len__(self) -> int:
+        return len(self.sid)
+
+    def merged(self, sid: np.ndarray, finish: np.ndarray, joined: np.ndarray) -> Batch:
+        s, f, j = np.concatenate((self.sid, sid)), np.concatenate((self.finish, finish)), np.concatenate(
+            (self.joined, joined))
+        order = np.lexsort((s, f))
+        return Batch(s[order], f[order], j[order])
+
+    def without(self, keep: np.ndarray | slice) -> Batch:
+        return Batch(self.sid[keep], self.finish[keep], self.joined[keep])
+
+
+@dataclass
+class Admission:
+    """What `_admission` would do now: samples joining, and the queues left behind."""
+
+    sids: list[int]
+    waiting: deque[int]
+    inbox: np.ndarray
+
+
+@dataclass
+class Plan:
+    """Decode jumps from `t0`: jump j runs `b[j]` samples for `k[j]` iterations from total context
+    `s[j]`, ends at `ends[j]`, and completes the next `done[j]` samples of the batch."""
+
+    t0: float
+    b: np.ndarray
+    s: np.ndarray
+    k: np.ndarray
+    ends: np.ndarray
+    done: np.ndarray
+    after: np.ndarray  # KV context after each jump and its completions
+    kv_limited: bool  # the (single) jump stops where the KV cache would overflow, not at a completion
+    chunk: Chunk | None = None
+
+    def completed_before(self, j: int) -> int:
+        return int(self.done[:j].sum())
 
 
 class Engine:
     def __init__(
         self, env: simpy.Environment, name: str, group: str, decode: DecodeTable, prefill: PrefillCurve,
-        max_batch: int, kv_tokens: float, controller: Controller, recorder: Recorder,
-        finish: Callable[[list[Sample]], None],
-        *, mean_iteration_s: tuple[float, ...], interruptible: bool, token_level: bool = False,
+        max_batch: int, kv_tokens: float, controller: Controller, recorder: Recorder, reward_seconds: float,
+        *, mean_iteration_s: tuple[float, ...], interruptible: bool,
     ) -> None:
         self.env, self.name, self.group = env, name, group
         self.decode, self.prefill = decode, prefill
         self.max_batch, self.kv_tokens = max_batch, kv_tokens
-        self.controller, self.rec, self.finish = controller, recorder, finish
-        self.interruptible, self.token_level = interruptible, token_level
+        self.controller, self.rec, self.reward_seconds = controller, recorder, reward_seconds
+        self.samples: Samples = controller.samples
+        self.interruptible = interruptible
         self.mean_iteration_s = mean_iteration_s
         self.version = 0
         self.progress = 0  # decode iterations run so far
         self.context = 0.0  # total tokens held in the KV cache by running samples
-        self.heap: list[tuple[int, int, Sample]] = []  # (progress at which it finishes, sid, sample)
-        self.running: dict[int, Sample] = {}
-        self.waiting: deque[Sample] = deque()  # preempted samples, first in line
-        self.inbox: deque[Sample] = deque()  # routed here, not yet admitted
-        self.version_log: list[tuple[int, int]] = [(0, 0)]  # (progress, version) from then on
-        # progress at the last weight load: its KV re-prefill makes every sample running then count
-        # as joined then, for the newest-first preemption order (their tokens are credited lazily)
-        self.reloaded_at = 0
+        self.batch = Batch(EMPTY, EMPTY, EMPTY)
+        self.waiting: deque[int] = deque()  # preempted samples, first in line
+        self.inbox = EMPTY  # routed here, not yet admitted
         self.update: tuple[int, float] | None = None  # (version, time the new weights are in)
         self._wake: simpy.Event | None = None  # idle: waiting for work
-        self._jump_end: float | None = None  # decoding: when the jump in progress would end
-        self._interrupted = False  # an interrupt is on its way to the jump in progress
+        self._plan: Plan | None = None  # decoding: the plan in progress
+        self._interrupted = False  # an interrupt is on its way to the plan in progress
         controller.engines.append(self)
         self.proc = env.process(self.run())
 
@@ -61,18 +116,21 @@ class Engine:
         return self.update is None and self.version == version
 
     def load(self) -> int:
-        return len(self.running) + len(self.waiting) + len(self.inbox)
+        running = len(self.batch)
+        if self._plan is not None:  # samples whose jump has ended are gone already
+            running -= self._plan.completed_before(int(np.searchsorted(self._plan.ends, self.env.now, "right")))
+        return running + len(self.waiting) + len(self.inbox)
 
     def capacity(self) -> int:
         return self.max_batch
 
-    def iteration_seconds(self, batch: int) -> float:
-        """A decode iteration of `batch` mean-length samples: what the router balances."""
-        return self.mean_iteration_s[min(batch, len(self.mean_iteration_s) - 1)]
+    def queued(self) -> int:
+        """Samples waiting for admission (the queue plot)."""
+        return len(self.waiting) + len(self.inbox)
 
-    def assign(self, samples: list[Sample]) -> None:
+    def assign(self, sids: np.ndarray) -> None:
         """The router sent requests: stop at the next iteration boundary and admit them."""
-        self.inbox.extend(samples)
+        self.inbox = np.concatenate((self.inbox, sids)) if len(self.inbox) else sids
         self._interrupt()
 
     def request_update(self, version: int, ready_at: float) -> None:
@@ -82,146 +140,249 @@ class Engine:
     def _interrupt(self) -> None:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
-        elif self._jump_end is not None and not self._interrupted and self.env.now < self._jump_end:
-            # a jump that ends this very instant is not cut short: the engine stops there anyway
+        elif self._plan is not None and not self._interrupted and self.env.now < self._plan.ends[-1]:
+            # a plan that ends this very instant is not cut short: the engine stops there anyway
             self._interrupted = True
             self.proc.interrupt()
 
     # ---- the loop -------------------------------------------------------------------------
     def run(self) -> Generator[simpy.Event, Any, None]:
         while True:
-            if self.update is not None and (self.interruptible or not self.running):
+            reprefill = False
+            if self.update is not None and (self.interruptible or not len(self.batch)):
                 yield from self._load_weights()
-            admitted = self._admit()
-            if admitted:
-                yield from self._prefill(admitted)
-                continue  # an update may have arrived during prefill
-            if not self.running:
+                reprefill = len(self.batch) > 0
+                if reprefill or not (self.waiting or len(self.inbox)):
+                    # this instant's routing lands before it plans (it admits after the re-prefill, or
+                    # would sleep until the router wakes it): the engine may be quiet after it
+                    yield self.env.timeout(0)
+            if not (yield from self._segment(reprefill)):
                 self._wake = self.env.event()
                 yield self._wake
                 self._wake = None
-                continue
-            yield from self._decode()
 
-    def _admit(self) -> list[Sample]:
-        # a non-interruptible engine drains before it loads new weights
-        if self.update is not None or not (self.waiting or self.inbox):
-            return []
-        new: list[Sample] = []
-        while self.waiting and self._fits(self.waiting[0], len(new)):
-            new.append(self.waiting.popleft())
-        while self.inbox and not self.waiting and len(self.running) + len(new) < self.max_batch:
-            s = self.inbox.popleft()
-            if self._fits(s, len(new)):
-                new.append(s)
-            else:
-                self.waiting.append(s)
-        for s in new:
-            self.context += s.prompt + s.generated
-            s.joined_at = self.progress
-            self.running[s.sid] = s
-            heapq.heappush(self.heap, (self.progress + s.response - s.generated, s.sid, s))
-        return new
+    def _quiet(self) -> bool:
+        """Nothing but an interrupt can reach this engine: it may plan past its next decisions."""
+        return self.update is None and self.controller.allowance() <= 0
 
-    def _fits(self, s: Sample, pending: int) -> bool:
-        if len(self.running) + pending >= self.max_batch:
+    def _segment(self, reprefill: bool) -> Generator[simpy.Event, Any, bool]:
+        """KV re-prefill, admission and prefill, then decode: as far as the engine can see. False: idle.
+
+        When quiet, all of it is planned now and the decode plan's completions filed at once; an
+        update arriving during a prefill voids the plan after that prefill. Otherwise it does the
+        first of them only, then the loop looks again (new requests or an update may be waiting).
+        """
+        quiet = self._quiet()
+        t = self.env.now
+        if reprefill:
+            reprefill_end = t + self.prefill(self.context)
+            t = reprefill_end
+        admission = self._admission()
+        if admission.sids and (quiet or not reprefill):
+            batch, context, tokens = self._joined(admission.sids)
+            prefill_end = t + self.prefill(tokens)
+            t = prefill_end
+        else:
+            batch, context = self.batch, self.context
+        plan = None
+        if len(batch) and (quiet or not (reprefill or admission.sids)):
+            # after a completion the engine would admit what waits, or what new requests bring
+            stop = not quiet or bool(admission.waiting) or len(admission.inbox) > 0
+            plan = self._make_plan(batch, context, t, stop_at_completion=stop)
+        if reprefill:
+            start = self.env.now
+            yield timeout_at(self.env, reprefill_end)
+            self.rec.interval(self.name, self.group, "reprefill", start, self.env.now, self.version, len(self.batch))
+            self.rec.count()
+            if not quiet or self.update is not None:
+                self._drop(plan)
+                return True
+        if admission.sids and (quiet or not reprefill):
+            self._admit(admission, batch, context)
+            start = self.env.now
+            yield timeout_at(self.env, prefill_end)
+            self.rec.count()
+            self.rec.interval(self.name, self.group, "prefill", start, self.env.now, self.version,
+                              len(admission.sids))
+            if not quiet or self.update is not None:
+                self._drop(plan)
+                return True
+        if plan is None:
+            return bool(reprefill or admission.sids)
+        yield from self._decode(plan)
+        return True
+
+    # ---- admission ------------------------------------------------------------------------
+    def _admission(self) -> Admission:
+        """Which waiting, then routed, samples join the batch now (vLLM admits while KV room lasts)."""
+        waiting, inbox = deque(self.waiting), self.inbox
+        if self.update is not None or not (waiting or len(inbox)):  # a draining engine admits nothing
+            return Admission([], waiting, inbox)
+        s = self.samples
+        running = len(self.batch)
+        room = self.kv_tokens * (1 - KV_WATERMARK)
+        new: list[int] = []
+        while waiting and self._fits(running, len(new), int(s.prompt[waiting[0]] + s.generated[waiting[0]]), room):
+            new.append(waiting.popleft())
+        if not waiting and len(inbox):
+            # routed samples in order while the batch has room and each fits; the first that does
+            # not fit waits (it is first in line then), and the rest stay in the inbox
+            slots = max(0, self.max_batch - running - len(new))
+            head = inbox[:slots]
+            fits = self.context + (s.prompt[head] + s.generated[head]) + 1 <= room
+            if running == 0 and not new and len(head):
+                fits[0] = True  # an empty engine always takes one, however long
+            bad = np.flatnonzero(~fits)
+            n = int(bad[0]) if len(bad) else len(head)
+            new.extend(head[:n].tolist())
+            if n < len(head):
+                waiting.append(int(head[n]))
+                n += 1
+            inbox = inbox[n:]
+        return Admission(new, waiting, inbox)
+
+    def _fits(self, running: int, pending: int, tokens: int, room: float) -> bool:
+        if running + pending >= self.max_batch:
             return False
         # vLLM admits only while a watermark of the cache stays free (1% of blocks): a preempted
         # sample re-admitted with one token to spare would overflow and be preempted again at once
-        room = self.kv_tokens * (1 - KV_WATERMARK)
-        return (not self.running and not pending) or self.context + s.prompt + s.generated + 1 <= room
+        return (not running and not pending) or self.context + tokens + 1 <= room
 
-    def _prefill(self, samples: list[Sample]) -> Generator[simpy.Event, Any, None]:
-        tokens = sum(s.prompt + s.generated for s in samples)
-        start = self.env.now
-        yield self.env.timeout(self.prefill(tokens))
-        self.rec.count()
-        self.rec.interval(self.name, self.group, "prefill", start, self.env.now, self.version, len(samples))
+    def _joined(self, sids: list[int]) -> tuple[Batch, float, int]:
+        """The batch, KV context and prefill tokens once `sids` have joined."""
+        s = self.samples
+        ids = np.array(sids, dtype=np.int64)
+        tokens = s.prompt[ids] + s.generated[ids]
+        context = self.context
+        for n in tokens.tolist():  # one at a time: the same float sums as the reference
+            context += n
+        finish = self.progress + s.response[ids] - s.generated[ids]
+        batch = self.batch.merged(ids, finish, np.full(len(ids), self.progress, np.int64))
+        return batch, context, int(tokens.sum())
 
-    def _decode(self) -> Generator[simpy.Event, Any, None]:
-        b = len(self.running)
-        to_finish = self.heap[0][0] - self.progress
-        # iterations until the KV cache would overflow (each adds b tokens)
-        room = int((self.kv_tokens - self.context) // b)
-        k = max(1, min(to_finish, room)) if room >= 1 else 1
-        if self.token_level:
-            k = 1
-        start = self.env.now
-        duration = self.decode.total(b, self.context, k)
-        if self.token_level:
-            yield self.env.timeout(duration)
-        else:
-            # Process.interrupt rather than waiting on `timeout | wake`: interrupts are rare, and a
-            # condition event per jump costs more than the rest of the jump
-            self._jump_end = start + duration
-            try:
-                yield self.env.timeout(duration)
-            except simpy.Interrupt:  # finish the iteration in progress, then stop
-                elapsed = self.env.now - start
-                j = self.decode.done_within(b, self.context, k, elapsed)
-                # the iteration in progress always completes, even one that started this instant
-                if j == 0 or self.decode.total(b, self.context, j) < elapsed - 1e-12:
-                    j += 1
-                k = min(k, j)
-                rest = self.decode.total(b, self.context, k) - elapsed
-                if rest > 0:
-                    yield self.env.timeout(rest)
-            finally:
-                self._jump_end, self._interrupted = None, False
-        self.rec.count()
-        self.rec.interval(self.name, self.group, "decode", start, self.env.now, self.version, b)
-        self.progress += k
-        self.context += b * k
-        self._complete()
+    def _admit(self, admission: Admission, batch: Batch, context: float) -> None:
+        self.waiting, self.inbox = admission.waiting, admission.inbox
+        self.batch, self.context = batch, context
+
+    # ---- decoding -------------------------------------------------------------------------
+    def _make_plan(self, batch: Batch, context: float, t0: float, stop_at_completion: bool) -> Plan:
+        """Jumps from completion to completion while the KV cache holds, filed with the controller.
+
+        The first jump that would overflow the cache runs alone, up to the overflow (then the
+        newest samples are preempted); with `stop_at_completion` the plan ends at its first
+        completion, where new work may be admitted.
+        """
+        finish = batch.finish
+        cuts = np.flatnonzero(np.diff(finish)) + 1
+        first = np.concatenate(([0], cuts))
+        ends_at = finish[first]  # distinct finishing points
+        done = np.diff(np.append(first, len(finish)))
+        freed = np.add.reduceat(self.samples.exit_tokens[batch.sid], first)
+        b = len(finish) - np.concatenate(([0], np.cumsum(done)[:-1]))
+        k = np.diff(np.concatenate(([self.progress], ends_at)))
+        grow = b * k - freed
+        s = context + np.concatenate(([0], np.cumsum(grow)[:-1])).astype(np.float64)
+        room = np.floor_divide(self.kv_tokens - s, b)
+        plain = room >= k
+        m = len(k) if plain.all() else int(np.argmin(plain))
+        kv_limited = m == 0
+        if kv_limited:  # the cache overflows within the first jump: stop there
+            r = int(room[0])
+            k0 = max(1, min(int(k[0]), r)) if r >= 1 else 1
+            m, done = 1, np.array([done[0] if k0 == k[0] else 0])
+            k = np.array([k0])
+        elif stop_at_completion:
+            m = 1
+        b, s, k, done, freed = b[:m], s[:m], k[:m], done[:m], np.where(done[:m] > 0, freed[:m], 0)
+        durations = self.decode.totals(b, s, k)
+        ends = np.cumsum(np.concatenate(([t0], durations)))[1:]  # sequential sums, as chained timeouts
+        plan = Plan(t0, b, s, k, ends, done, s + (b * k - freed), kv_limited)
+        n = int(done.sum())
+        if n:
+            plan.chunk = self.controller.plan(np.repeat(ends, done) + self.reward_seconds, batch.sid[:n])
+        return plan
+
+    def _drop(self, plan: Plan | None) -> None:
+        if plan is not None and plan.chunk is not None:
+            self.controller.cut(plan.chunk, 0)
+
+    def _decode(self, plan: Plan) -> Generator[simpy.Event, Any, None]:
+        self._plan = plan
+        try:
+            yield timeout_at(self.env, float(plan.ends[-1]))
+        except simpy.Interrupt:  # finish the iteration in progress, then stop
+            yield from self._cut(plan)
+            return
+        finally:
+            self._plan, self._interrupted = None, False
+        self._commit(plan, len(plan.k))
         self._preempt()
 
-    def _complete(self) -> None:
-        done: list[Sample] = []
-        heap, running, progress = self.heap, self.running, self.progress
-        while heap and heap[0][0] <= progress:
-            _, sid, s = heapq.heappop(heap)
-            if running.get(sid) is not s:
-                continue  # stale heap entry of a preempted sample
-            self._settle(s)
-            del running[sid]
-            self.context -= s.prompt + s.generated
-            done.append(s)
-        if done:
-            self.finish(done)
-            self.controller.request_dispatch()
+    def _cut(self, plan: Plan) -> Generator[simpy.Event, Any, None]:
+        """Interrupted now: jumps that ended have happened; the one in progress stops after its
+        current iteration (one that started this instant runs one iteration)."""
+        self._plan = None  # from here on the batch is the engine's own again (see `load`)
+        now = self.env.now
+        j = int(np.searchsorted(plan.ends, now, "right"))
+        if plan.chunk is not None:
+            self.controller.cut(plan.chunk, plan.completed_before(j))
+        self._commit(plan, j)
+        start = float(plan.ends[j - 1]) if j else plan.t0
+        b, s0, k = int(plan.b[j]), float(plan.s[j]), int(plan.k[j])
+        elapsed = now - start
+        done = self.decode.done_within(b, s0, k, elapsed)
+        if done == 0 or self.decode.total(b, s0, done) < elapsed - 1e-12:
+            done += 1
+        done = min(k, done)
+        rest = self.decode.total(b, s0, done) - elapsed
+        if rest > 0:
+            yield self.env.timeout(rest)
+        self.rec.count()
+        self.rec.interval(self.name, self.group, "decode", start, self.env.now, self.version, b)
+        self.progress += done
+        self.context += b * done
+        finished = int(plan.done[j]) if done == k else 0
+        if finished:  # it ends now, not when planned: file the completions again, at now
+            sids = self.batch.sid[:finished]
+            self.context -= float(self.samples.exit_tokens[sids].sum())
+            self.controller.plan(np.full(finished, self.env.now + self.reward_seconds), sids)
+            self._complete(finished, now=True)
+        self._preempt()
 
-    def _settle(self, s: Sample) -> None:
-        """Credit the tokens generated since it joined, split by the policy version that made them."""
-        joined = s.joined_at
-        end = min(self.progress, joined + (s.response - s.generated))
-        from_progress, version = self.version_log[-1]
-        if from_progress <= joined:  # the usual case: one version made them all
-            s.add_tokens(version, end - joined)
-            s.joined_at = end
+    def _commit(self, plan: Plan, j: int) -> None:
+        """The first j jumps of the plan have happened: count them, record them, complete their samples."""
+        if not j:
             return
-        # walk back from the newest version: only those loaded since it joined made its tokens, so
-        # the cost does not grow with the number of steps run
-        pieces: list[tuple[int, int]] = []
-        until = end
-        for from_progress, version in reversed(self.version_log):
-            lo = max(joined, from_progress)
-            if until > lo:
-                pieces.append((version, until - lo))
-            if from_progress <= joined:
-                break
-            until = min(end, from_progress)
-        for version, n in reversed(pieces):
-            s.add_tokens(version, n)
-        s.joined_at = end
+        self.rec.count(j)
+        starts = np.concatenate(([plan.t0], plan.ends[:j - 1]))
+        self.rec.intervals(self.name, self.group, "decode", starts, plan.ends[:j], self.version, plan.b[:j])
+        self.progress += int(plan.k[:j].sum())
+        self.context = float(plan.after[j - 1])
+        n = plan.completed_before(j)
+        if n:
+            self._complete(n, now=bool(plan.ends[j - 1] == self.env.now))
+
+    def _complete(self, n: int, now: bool) -> None:
+        """The first n samples of the batch finished (their jump ending `now`, or earlier): credit
+        their tokens and let them go. Their completions are filed with the controller already."""
+        done = self.batch.without(slice(0, n))
+        self.batch = self.batch.without(slice(n, None))
+        self.samples.credit(done.sid, self.version, done.finish - done.joined)
+        if now:  # free slots: route more if the capacity rule allows (it does not while quiet)
+            self.controller.request_dispatch()
 
     def _preempt(self) -> None:
         """vLLM-style recompute preemption: while the KV cache overflows, the newest sample leaves."""
-        while self.context > self.kv_tokens and len(self.running) > 1:
-            sid = max(self.running, key=lambda i: (max(self.running[i].joined_at, self.reloaded_at), i))
-            s = self.running.pop(sid)
-            self._settle(s)
-            self.context -= s.prompt + s.generated
-            self.waiting.appendleft(s)
+        s = self.samples
+        while self.context > self.kv_tokens and len(self.batch) > 1:
+            i = int(np.lexsort((self.batch.sid, self.batch.joined))[-1])  # newest joined, then highest id
+            sid, joined = int(self.batch.sid[i]), int(self.batch.joined[i])
+            self.batch = self.batch.without(np.arange(len(self.batch)) != i)
+            tokens = self.progress - joined
+            s.credit(np.array([sid]), self.version, np.array([tokens]))
+            s.generated[sid] += tokens
+            self.context -= int(s.prompt[sid] + s.generated[sid])
+            self.waiting.appendleft(sid)
 
     def _load_weights(self) -> Generator[simpy.Event, Any, None]:
         assert self.update is not None
@@ -230,16 +391,16 @@ class Engine:
         start = self.env.now
         if ready_at > start:
             yield self.env.timeout(ready_at - start)
-        self.rec.interval(self.name, self.group, "weight_load", start, self.env.now, version, len(self.running))
-        # no need to credit the running samples' tokens now: _settle splits them by version_log later
+        self.rec.interval(self.name, self.group, "weight_load", start, self.env.now, version, len(self.batch))
         if self.update == request:  # a newer request that came in meanwhile stays pending
             self.update = None
+        # the running samples' tokens so far were made by the old weights (their KV is recomputed)
+        b = self.batch
+        tokens = self.progress - b.joined
+        self.samples.credit(b.sid, self.version, tokens)
+        self.samples.generated[b.sid] += tokens
+        self.batch = Batch(b.sid, b.finish, np.full(len(b), self.progress, np.int64))
         self.version = version
-        self.version_log.append((self.progress, version))
-        self.reloaded_at = self.progress
         self.controller.request_dispatch()
-        if self.running:  # the KV cache was computed by the old weights: recompute it
-            start = self.env.now
-            yield self.env.timeout(self.prefill(self.context))
-            self.rec.interval(self.name, self.group, "reprefill", start, self.env.now, version, len(self.running))
-        self.rec.count()
+        if not len(self.batch):
+            self.rec.count()

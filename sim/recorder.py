@@ -1,19 +1,29 @@
-"""What the simulation saw: timeline intervals and time series, appended as plain tuples."""
+"""What the simulation saw: timeline intervals and time series.
+
+Intervals come one at a time (`interval`) or, from a planned run of decode jumps, as arrays
+(`intervals`); the timeline is put together, in order of end time, only when someone asks.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import repeat
+from typing import Any
+
+import numpy as np
 
 from traces import SpecError
 
 TIMELINE_COLUMNS = ("resource", "group", "activity", "start", "end", "version", "samples")
 MAX_EVENTS = 20_000_000  # a bound on any one simulation, so bad input cannot hang it
 
+Row = tuple[str, str, str, float, float, int, int]
+
 
 @dataclass
 class Recorder:
-    timeline: list[tuple[str, str, str, float, float, int, int]] = field(default_factory=list)
+    timeline: list[Row] = field(default_factory=list)
     busy: Counter[str] = field(default_factory=Counter)  # resource -> busy seconds
     queue: list[tuple[float, int, int, int]] = field(default_factory=list)  # time, waiting, in flight, buffered
     staleness_tokens: Counter[int] = field(default_factory=Counter)
@@ -22,10 +32,12 @@ class Recorder:
     step_tokens: list[int] = field(default_factory=list)
     trained_ids: list[int] = field(default_factory=list)
     events: int = 0
+    # intervals filed as arrays: (resource, group, activity, starts, ends, version, samples)
+    chunks: list[tuple[str, str, str, np.ndarray, np.ndarray, int, np.ndarray]] = field(default_factory=list)
 
-    def count(self) -> None:
-        """One more simulation event; stops a run that outgrows its budget."""
-        self.events += 1
+    def count(self, n: int = 1) -> None:
+        """n more simulation events; stops a run that outgrows its budget."""
+        self.events += n
         if self.events > MAX_EVENTS:
             raise SpecError("simulation exceeded its event budget; simulate fewer steps or a smaller batch")
 
@@ -34,3 +46,29 @@ class Recorder:
         if end > start:
             self.timeline.append((resource, group, activity, start, end, version, samples))
             self.busy[resource] += end - start
+
+    def intervals(self, resource: str, group: str, activity: str, starts: np.ndarray, ends: np.ndarray,
+                  version: int, samples: np.ndarray) -> None:
+        """Consecutive intervals of one resource, as `interval` would file them one by one."""
+        busy = self.busy[resource]
+        for d in (ends - starts).tolist():  # the same running sum as one at a time
+            if d > 0:
+                busy += d
+        self.busy[resource] = busy
+        keep = ends > starts
+        if not keep.all():
+            starts, ends, samples = starts[keep], ends[keep], samples[keep]
+        self.chunks.append((resource, group, activity, starts, ends, version, samples))
+
+    def rows(self) -> tuple[Row, ...]:
+        """Every interval, in order of end time (ties: in the order filed)."""
+        rows: list[Any] = list(self.timeline)
+        if not self.chunks:
+            return tuple(rows)
+        ends = [np.array([r[4] for r in self.timeline], dtype=np.float64)]
+        for resource, group, activity, starts, stops, version, samples in self.chunks:
+            rows.extend(zip(repeat(resource), repeat(group), repeat(activity), starts.tolist(), stops.tolist(),
+                            repeat(version), samples.tolist(), strict=False))
+            ends.append(stops)
+        order = np.argsort(np.concatenate(ends), kind="stable")
+        return tuple(rows[i] for i in order.tolist())
