@@ -71,21 +71,26 @@ class DecodeTable:
     def totals(self, b: np.ndarray, s0: np.ndarray, k: np.ndarray) -> np.ndarray:
         """`total` of many jumps at once, bit for bit: the same arithmetic, element-wise.
 
-        A jump inside one grid cell (nearly all: a cell spans kv/63 tokens of context) is one
-        closed-form term; the few that cross cells take the scalar walk.
+        Round r adds every jump's r-th grid cell, so each jump's sum is built in the scalar order;
+        most jumps lie in one cell (a cell spans kv/63 tokens of context) and drop out after round 0.
         """
         last = GRID_POINTS - 2
-        bf = b.astype(np.float64)
-        c = np.minimum((s0 / self.ds).astype(np.int64), last)  # int() truncates; s0 >= 0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            j_end = np.maximum(1.0, np.ceil(((c + 1) * self.ds - s0) / bf))
-        one_cell = (c >= last) | (j_end >= k) | (k <= 0)
-        base, slope = self._base_arr[b, c], self._slope_arr[b, c]  # type: ignore[attr-defined]
-        kf = k.astype(np.float64)
-        out = 0.0 + (kf * (base + slope * s0) + slope * bf * (k - 1) * kf / 2)
-        out[k <= 0] = 0.0
-        for i in np.flatnonzero(~one_cell):
-            out[i] = self.total(int(b[i]), float(s0[i]), int(k[i]))
+        out = np.zeros(len(k))
+        j = np.zeros(len(k), np.int64)
+        idx = np.flatnonzero(k > 0)
+        while len(idx):
+            bb, ss, jj, kk = b[idx], s0[idx], j[idx], k[idx]
+            c = ((ss + bb * jj) / self.ds).astype(np.int64)  # int() truncates; contexts are >= 0
+            tail = c >= last  # the last cell extends to infinity
+            c = np.where(tail, last, np.maximum(c, 0))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                j_end = np.ceil(((c + 1) * self.ds - ss) / bb)
+            j_end = np.where(tail, kk, np.minimum(kk, np.maximum(jj + 1, j_end).astype(np.int64)))
+            n = j_end - jj
+            slope = self._slope_arr[bb, c]  # type: ignore[attr-defined]
+            out[idx] += n * (self._base_arr[bb, c] + slope * ss) + slope * bb * (jj + j_end - 1) * n / 2  # type: ignore[attr-defined]
+            j[idx] = j_end
+            idx = idx[j_end < kk]
         return out
 
     def done_within(self, b: int, s0: float, k: int, seconds: float) -> int:

@@ -27,33 +27,12 @@ import simpy
 from sim.clock import timeout_at
 from sim.controller import Controller
 from sim.costs import DecodeTable, PrefillCurve
-from sim.pending import Chunk
+from sim.planning import Batch, Plan, Request, plan_many
 from sim.recorder import Recorder
 from sim.samples import Samples
 
 KV_WATERMARK = 0.01  # vLLM's block-manager watermark
 EMPTY = np.empty(0, np.int64)
-
-
-@dataclass
-class Batch:
-    """Running samples, sorted by (finish, sid): completions always leave from the front."""
-
-    sid: np.ndarray
-    finish: np.ndarray  # engine progress (iterations) at which it has generated its whole response
-    joined: np.ndarray  # progress since which its tokens are not yet credited
-
-    def __len__(self) -> int:
-        return len(self.sid)
-
-    def merged(self, sid: np.ndarray, finish: np.ndarray, joined: np.ndarray) -> Batch:
-        s, f, j = np.concatenate((self.sid, sid)), np.concatenate((self.finish, finish)), np.concatenate(
-            (self.joined, joined))
-        order = np.lexsort((s, f))
-        return Batch(s[order], f[order], j[order])
-
-    def without(self, keep: np.ndarray | slice) -> Batch:
-        return Batch(self.sid[keep], self.finish[keep], self.joined[keep])
 
 
 @dataclass
@@ -66,34 +45,62 @@ class Admission:
 
 
 @dataclass
-class Plan:
-    """Decode jumps from `t0`: jump j runs `b[j]` samples for `k[j]` iterations from total context
-    `s[j]`, ends at `ends[j]`, and completes the next `done[j]` samples of the batch."""
+class Segment:
+    """What an engine will do next, decided at one instant (see Engine._prepare)."""
 
-    t0: float
-    b: np.ndarray
-    s: np.ndarray
-    k: np.ndarray
-    ends: np.ndarray
-    done: np.ndarray
-    after: np.ndarray  # KV context after each jump and its completions
-    kv_limited: bool  # the (single) jump stops where the KV cache would overflow, not at a completion
-    chunk: Chunk | None = None
+    quiet: bool
+    reprefill_end: float | None  # KV re-prefill after loading weights, if any
+    admission: Admission
+    joined: tuple[Batch, float] | None  # batch and KV context once admitted, if any are
+    prefill_end: float | None
+    request: Request | None  # the decode plan to make, if any
+    plan: Plan | None = None
 
-    def completed_before(self, j: int) -> int:
-        return int(self.done[:j].sum())
+
+class Fleet:
+    """Engines that would plan in the same instant plan together (one set of numpy arrays).
+
+    Engines loading the same weights finish at the same time; each asks here, and at the end of
+    the instant, once the router has sent this instant's work, all of them prepare and plan at once.
+    """
+
+    def __init__(self, env: simpy.Environment, exit_tokens: np.ndarray) -> None:
+        self.env, self.exit_tokens = env, exit_tokens
+        self._asking: list[tuple[Engine, bool, simpy.Event]] = []
+
+    def ask(self, engine: Engine, reprefill: bool) -> simpy.Event:
+        """An event that carries the engine's Segment once planned."""
+        if not self._asking:
+            self.env.timeout(0).callbacks.append(self._plan_all)
+        event = self.env.event()
+        self._asking.append((engine, reprefill, event))
+        return event
+
+    def _plan_all(self, _event: simpy.Event) -> None:
+        asking, self._asking = self._asking, []
+        segments = [engine._prepare(reprefill) for engine, reprefill, _ in asking]
+        self.plan(segments)
+        for (_, _, event), segment in zip(asking, segments, strict=True):
+            event.succeed(segment)
+
+    def plan(self, segments: list[Segment]) -> None:
+        wanted = [sg for sg in segments if sg.request is not None]
+        if wanted:
+            plans = plan_many([sg.request for sg in wanted], self.exit_tokens)  # type: ignore[misc]
+            for sg, plan in zip(wanted, plans, strict=True):
+                sg.plan = plan
 
 
 class Engine:
     def __init__(
         self, env: simpy.Environment, name: str, group: str, decode: DecodeTable, prefill: PrefillCurve,
-        max_batch: int, kv_tokens: float, controller: Controller, recorder: Recorder, reward_seconds: float,
-        *, mean_iteration_s: tuple[float, ...], interruptible: bool,
+        max_batch: int, kv_tokens: float, controller: Controller, recorder: Recorder, fleet: Fleet,
+        reward_seconds: float, *, mean_iteration_s: tuple[float, ...], interruptible: bool,
     ) -> None:
         self.env, self.name, self.group = env, name, group
         self.decode, self.prefill = decode, prefill
         self.max_batch, self.kv_tokens = max_batch, kv_tokens
-        self.controller, self.rec, self.reward_seconds = controller, recorder, reward_seconds
+        self.controller, self.rec, self.fleet, self.reward_seconds = controller, recorder, fleet, reward_seconds
         self.samples: Samples = controller.samples
         self.interruptible = interruptible
         self.mean_iteration_s = mean_iteration_s
@@ -148,15 +155,21 @@ class Engine:
     # ---- the loop -------------------------------------------------------------------------
     def run(self) -> Generator[simpy.Event, Any, None]:
         while True:
-            reprefill = False
+            segment = None
             if self.update is not None and (self.interruptible or not len(self.batch)):
                 yield from self._load_weights()
                 reprefill = len(self.batch) > 0
                 if reprefill or not (self.waiting or len(self.inbox)):
                     # this instant's routing lands before it plans (it admits after the re-prefill, or
-                    # would sleep until the router wakes it): the engine may be quiet after it
-                    yield self.env.timeout(0)
-            if not (yield from self._segment(reprefill)):
+                    # would sleep until the router wakes it): it may be quiet then, and plan with the rest
+                    segment = yield self.fleet.ask(self, reprefill)
+                else:
+                    segment = self._prepare(reprefill)
+            else:
+                segment = self._prepare(False)
+            if segment.plan is None and segment.request is not None:
+                self.fleet.plan([segment])
+            if not (yield from self._run(segment)):
                 self._wake = self.env.event()
                 yield self._wake
                 self._wake = None
@@ -165,51 +178,60 @@ class Engine:
         """Nothing but an interrupt can reach this engine: it may plan past its next decisions."""
         return self.update is None and self.controller.allowance() <= 0
 
-    def _segment(self, reprefill: bool) -> Generator[simpy.Event, Any, bool]:
-        """KV re-prefill, admission and prefill, then decode: as far as the engine can see. False: idle.
+    def _prepare(self, reprefill: bool) -> Segment:
+        """KV re-prefill, admission and prefill, then decode: as far as the engine can see now.
 
-        When quiet, all of it is planned now and the decode plan's completions filed at once; an
-        update arriving during a prefill voids the plan after that prefill. Otherwise it does the
-        first of them only, then the loop looks again (new requests or an update may be waiting).
+        When quiet, all of it is decided now (and the decode plan's completions filed at once).
+        Otherwise only the first of them: then the loop looks again (new requests or an update may
+        be waiting by then).
         """
         quiet = self._quiet()
         t = self.env.now
+        reprefill_end = None
         if reprefill:
-            reprefill_end = t + self.prefill(self.context)
-            t = reprefill_end
+            reprefill_end = t = t + self.prefill(self.context)
         admission = self._admission()
+        joined, prefill_end = None, None
         if admission.sids and (quiet or not reprefill):
             batch, context, tokens = self._joined(admission.sids)
-            prefill_end = t + self.prefill(tokens)
-            t = prefill_end
+            joined = (batch, context)
+            prefill_end = t = t + self.prefill(tokens)
         else:
             batch, context = self.batch, self.context
-        plan = None
+        request = None
         if len(batch) and (quiet or not (reprefill or admission.sids)):
             # after a completion the engine would admit what waits, or what new requests bring
             stop = not quiet or bool(admission.waiting) or len(admission.inbox) > 0
-            plan = self._make_plan(batch, context, t, stop_at_completion=stop)
-        if reprefill:
+            request = Request(batch, self.progress, context, t, self.kv_tokens, self.decode, stop)
+        return Segment(quiet, reprefill_end, admission, joined, prefill_end, request)
+
+    def _run(self, sg: Segment) -> Generator[simpy.Event, Any, bool]:
+        """Carry out a segment; an update arriving during a prefill voids the rest. False: idle."""
+        if sg.plan is not None and sg.plan.done.any():
+            n = int(sg.plan.done.sum())
+            sg.plan.chunk = self.controller.plan(np.repeat(sg.plan.ends, sg.plan.done) + self.reward_seconds,
+                                                 sg.request.batch.sid[:n])  # type: ignore[union-attr]
+        if sg.reprefill_end is not None:
             start = self.env.now
-            yield timeout_at(self.env, reprefill_end)
+            yield timeout_at(self.env, sg.reprefill_end)
             self.rec.interval(self.name, self.group, "reprefill", start, self.env.now, self.version, len(self.batch))
             self.rec.count()
-            if not quiet or self.update is not None:
-                self._drop(plan)
+            if not sg.quiet or self.update is not None:
+                self._drop(sg.plan)
                 return True
-        if admission.sids and (quiet or not reprefill):
-            self._admit(admission, batch, context)
+        if sg.joined is not None:
+            self._admit(sg.admission, *sg.joined)
             start = self.env.now
-            yield timeout_at(self.env, prefill_end)
+            yield timeout_at(self.env, sg.prefill_end)  # type: ignore[arg-type]
             self.rec.count()
             self.rec.interval(self.name, self.group, "prefill", start, self.env.now, self.version,
-                              len(admission.sids))
-            if not quiet or self.update is not None:
-                self._drop(plan)
+                              len(sg.admission.sids))
+            if not sg.quiet or self.update is not None:
+                self._drop(sg.plan)
                 return True
-        if plan is None:
-            return bool(reprefill or admission.sids)
-        yield from self._decode(plan)
+        if sg.plan is None:
+            return sg.reprefill_end is not None or sg.joined is not None
+        yield from self._decode(sg.plan)
         return True
 
     # ---- admission ------------------------------------------------------------------------
@@ -265,43 +287,6 @@ class Engine:
         self.batch, self.context = batch, context
 
     # ---- decoding -------------------------------------------------------------------------
-    def _make_plan(self, batch: Batch, context: float, t0: float, stop_at_completion: bool) -> Plan:
-        """Jumps from completion to completion while the KV cache holds, filed with the controller.
-
-        The first jump that would overflow the cache runs alone, up to the overflow (then the
-        newest samples are preempted); with `stop_at_completion` the plan ends at its first
-        completion, where new work may be admitted.
-        """
-        finish = batch.finish
-        cuts = np.flatnonzero(np.diff(finish)) + 1
-        first = np.concatenate(([0], cuts))
-        ends_at = finish[first]  # distinct finishing points
-        done = np.diff(np.append(first, len(finish)))
-        freed = np.add.reduceat(self.samples.exit_tokens[batch.sid], first)
-        b = len(finish) - np.concatenate(([0], np.cumsum(done)[:-1]))
-        k = np.diff(np.concatenate(([self.progress], ends_at)))
-        grow = b * k - freed
-        s = context + np.concatenate(([0], np.cumsum(grow)[:-1])).astype(np.float64)
-        room = np.floor_divide(self.kv_tokens - s, b)
-        plain = room >= k
-        m = len(k) if plain.all() else int(np.argmin(plain))
-        kv_limited = m == 0
-        if kv_limited:  # the cache overflows within the first jump: stop there
-            r = int(room[0])
-            k0 = max(1, min(int(k[0]), r)) if r >= 1 else 1
-            m, done = 1, np.array([done[0] if k0 == k[0] else 0])
-            k = np.array([k0])
-        elif stop_at_completion:
-            m = 1
-        b, s, k, done, freed = b[:m], s[:m], k[:m], done[:m], np.where(done[:m] > 0, freed[:m], 0)
-        durations = self.decode.totals(b, s, k)
-        ends = np.cumsum(np.concatenate(([t0], durations)))[1:]  # sequential sums, as chained timeouts
-        plan = Plan(t0, b, s, k, ends, done, s + (b * k - freed), kv_limited)
-        n = int(done.sum())
-        if n:
-            plan.chunk = self.controller.plan(np.repeat(ends, done) + self.reward_seconds, batch.sid[:n])
-        return plan
-
     def _drop(self, plan: Plan | None) -> None:
         if plan is not None and plan.chunk is not None:
             self.controller.cut(plan.chunk, 0)

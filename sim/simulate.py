@@ -13,7 +13,7 @@ import simpy
 from sim import reference as ref
 from sim.controller import Controller
 from sim.costs import DecodeTable, PrefillCurve
-from sim.engine import Engine
+from sim.engine import Engine, Fleet
 from sim.recorder import Recorder
 from sim.result import SimResult
 from sim.samples import Samples
@@ -144,8 +144,9 @@ def simulate(
         engines = _reference_engines(env, rec, ctl, workload, specs, interruptible)
     else:
         ctl = Controller(env, batch, eta, Samples(prompts, responses))
+        fleet = Fleet(env, ctl.samples.exit_tokens)
         engines = [
-            Engine(env, s.name, _group_key(s.group), s.decode, s.prefill, s.max_batch, s.kv_tokens, ctl, rec,
+            Engine(env, s.name, _group_key(s.group), s.decode, s.prefill, s.max_batch, s.kv_tokens, ctl, rec, fleet,
                    workload.reward_seconds, mean_iteration_s=s.mean_iteration_s, interruptible=interruptible)
             for s in specs
         ]

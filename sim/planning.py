@@ -1,0 +1,142 @@
+"""Decode plans in closed form, for many engines at once.
+
+An engine's running batch only changes at completions (and KV preemption), so until then its
+future is arithmetic: with the samples sorted by the iteration at which they finish, jump j runs
+b_j samples from one finishing point to the next, k_j iterations from total context s_j, and takes
+DecodeTable.total(b_j, s_j, k_j) seconds. `plan_many` lays out those jumps for every engine that
+asks in the same instant as one set of numpy arrays (engines that load new weights together plan
+together), cut where an engine's KV cache would overflow or where it has a decision to take.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.costs import DecodeTable
+from sim.pending import Chunk
+
+
+@dataclass
+class Batch:
+    """Running samples, sorted by (finish, sid): completions always leave from the front."""
+
+    sid: np.ndarray
+    finish: np.ndarray  # engine progress (iterations) at which it has generated its whole response
+    joined: np.ndarray  # progress since which its tokens are not yet credited
+
+    def __len__(self) -> int:
+        return len(self.sid)
+
+    def merged(self, sid: np.ndarray, finish: np.ndarray, joined: np.ndarray) -> Batch:
+        s, f = np.concatenate((self.sid, sid)), np.concatenate((self.finish, finish))
+        j = np.concatenate((self.joined, joined))
+        order = np.lexsort((s, f))
+        return Batch(s[order], f[order], j[order])
+
+    def without(self, keep: np.ndarray | slice) -> Batch:
+        return Batch(self.sid[keep], self.finish[keep], self.joined[keep])
+
+
+@dataclass
+class Plan:
+    """Decode jumps from `t0`: jump j runs `b[j]` samples for `k[j]` iterations from total context
+    `s[j]`, ends at `ends[j]`, and completes the next `done[j]` samples of the batch."""
+
+    t0: float
+    b: np.ndarray
+    s: np.ndarray
+    k: np.ndarray
+    ends: np.ndarray
+    done: np.ndarray
+    after: np.ndarray  # KV context after each jump and its completions
+    chunk: Chunk | None = None  # its completions, as filed with the controller
+
+    def completed_before(self, j: int) -> int:
+        return int(self.done[:j].sum())
+
+
+@dataclass
+class Request:
+    """One engine's batch and state when it plans (see Engine._prepare)."""
+
+    batch: Batch
+    progress: int
+    context: float
+    t0: float
+    kv_tokens: float
+    decode: DecodeTable
+    stop_at_completion: bool  # it has a decision to take at its first completion
+
+
+def plan_many(requests: list[Request], exit_tokens: np.ndarray) -> list[Plan]:
+    """Jumps from completion to completion while each engine's KV cache holds.
+
+    An engine whose first jump would overflow its cache runs that jump alone, up to the overflow
+    (the newest samples are preempted then); with `stop_at_completion` a plan ends at its first
+    completion. Bit for bit what jumping one completion at a time gives: the same sums, in order.
+    """
+    n_eng = len(requests)
+    sizes = np.array([len(r.batch) for r in requests])
+    sid = np.concatenate([r.batch.sid for r in requests])
+    fin = np.concatenate([r.batch.finish for r in requests])
+    eng = np.repeat(np.arange(n_eng), sizes)
+    # jumps: one per distinct finishing point of each engine
+    new = np.ones(len(fin), bool)
+    new[1:] = (eng[1:] != eng[:-1]) | (fin[1:] != fin[:-1])
+    first = np.flatnonzero(new)
+    je = eng[first]
+    done = np.diff(np.append(first, len(fin)))
+    freed = np.add.reduceat(exit_tokens[sid], first)
+    starts = np.searchsorted(je, np.arange(n_eng))  # each engine's first jump
+    count = np.diff(np.append(starts, len(je)))
+    rank = np.arange(len(je)) - starts[je]
+    gone = np.cumsum(done) - done  # completed before this jump, counted across engines
+    b = sizes[je] - (gone - gone[starts][je])
+    progress = np.array([r.progress for r in requests])
+    prev = np.empty_like(fin[first])
+    prev[1:] = fin[first][:-1]
+    prev[starts] = progress
+    k = fin[first] - prev
+    grow = b * k - freed
+    grown = np.cumsum(grow) - grow
+    context = np.array([r.context for r in requests])
+    s = context[je] + (grown - grown[starts][je]).astype(np.float64)  # integers: exact either way
+    kv = np.array([r.kv_tokens for r in requests])
+    room = np.floor_divide(kv[je] - s, b)
+    # each engine's plan ends before its first jump that would overflow, or after its first
+    # completion if it must decide then
+    m = np.minimum.reduceat(np.where(room >= k, count[je], rank), starts)
+    stop = np.array([r.stop_at_completion for r in requests])
+    m = np.where(stop, np.minimum(m, 1), m)
+    for e in np.flatnonzero(m == 0):  # the first jump overflows: run it up to the overflow alone
+        j, r = starts[e], int(room[starts[e]])
+        k0 = max(1, min(int(k[j]), r)) if r >= 1 else 1
+        if k0 != k[j]:
+            done[j] = freed[j] = 0
+        k[j], m[e] = k0, 1
+    keep = rank < m[je]
+    b, s, k, done, freed, je, rank = b[keep], s[keep], k[keep], done[keep], freed[keep], je[keep], rank[keep]
+    durations = _durations(requests, je, b, s, k)
+    # each engine's clock: sequential sums from its t0, as chained timeouts would give
+    clock = np.zeros((n_eng, int(m.max()) + 1))
+    clock[:, 0] = [r.t0 for r in requests]
+    clock[je, rank + 1] = durations
+    ends = np.cumsum(clock, axis=1)[je, rank + 1]
+    after = s + (b * k - freed)
+    bounds = np.append(0, np.cumsum(m))
+    return [Plan(r.t0, b[lo:hi], s[lo:hi], k[lo:hi], ends[lo:hi], done[lo:hi], after[lo:hi])
+            for r, lo, hi in zip(requests, bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)]
+
+
+def _durations(requests: list[Request], je: np.ndarray, b: np.ndarray, s: np.ndarray, k: np.ndarray) -> np.ndarray:
+    tables = [r.decode for r in requests]
+    if all(t is tables[0] for t in tables):
+        return tables[0].totals(b, s, k)
+    out = np.empty(len(k))
+    which = np.array([id(t) for t in tables])[je]
+    for t in {id(t): t for t in tables}.values():
+        sel = which == id(t)
+        out[sel] = t.totals(b[sel], s[sel], k[sel])
+    return out
