@@ -93,6 +93,18 @@ class DecodeTable:
             idx = idx[j_end < kk]
         return out
 
+    def iterations_within(self, b: np.ndarray, s0: np.ndarray, k: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+        """`done_within` of many jumps at once: the same bisection, side by side."""
+        lo, hi = np.zeros(len(k), np.int64), np.asarray(k, np.int64).copy()
+        idx = np.flatnonzero(lo < hi)
+        while len(idx):
+            mid = (lo[idx] + hi[idx] + 1) // 2
+            fits = self.totals(b[idx], s0[idx], mid) <= seconds[idx] + 1e-12
+            lo[idx] = np.where(fits, mid, lo[idx])
+            hi[idx] = np.where(fits, hi[idx], mid - 1)
+            idx = idx[lo[idx] < hi[idx]]
+        return lo
+
     def done_within(self, b: int, s0: float, k: int, seconds: float) -> int:
         """Iterations (<= k) whose end lies at or before `seconds` after the start."""
         lo, hi = 0, k

@@ -27,7 +27,7 @@ import simpy
 from sim.clock import timeout_at
 from sim.controller import Controller
 from sim.costs import DecodeTable, PrefillCurve
-from sim.planning import Batch, Plan, Request, plan_many
+from sim.planning import Batch, Cut, Plan, Request, cut_many, plan_many
 from sim.recorder import Recorder
 from sim.samples import Samples
 
@@ -67,6 +67,8 @@ class Fleet:
     def __init__(self, env: simpy.Environment, exit_tokens: np.ndarray) -> None:
         self.env, self.exit_tokens = env, exit_tokens
         self._asking: list[tuple[Engine, bool, simpy.Event]] = []
+        self.interrupted: list[tuple[Engine, Plan]] = []  # interrupted plans whose cut is still to work out
+        self._cuts: dict[int, Cut] = {}
 
     def ask(self, engine: Engine, reprefill: bool) -> simpy.Event:
         """An event that carries the engine's Segment once planned."""
@@ -82,6 +84,16 @@ class Fleet:
         self.plan(segments)
         for (_, _, event), segment in zip(asking, segments, strict=True):
             event.succeed(segment)
+
+    def cut(self, engine: Engine, plan: Plan) -> Cut:
+        """Where the engine's interrupted plan stops; worked out for all interrupted in this instant."""
+        if id(engine) not in self._cuts:
+            now = self.env.now
+            todo = [(e, p) for e, p in self.interrupted if id(e) not in self._cuts]
+            self.interrupted = []
+            cuts = cut_many([(plan, e.decode) for e, plan in todo], now)
+            self._cuts.update((id(e), c) for (e, _), c in zip(todo, cuts, strict=True))
+        return self._cuts.pop(id(engine))
 
     def plan(self, segments: list[Segment]) -> None:
         wanted = [sg for sg in segments if sg.request is not None]
@@ -150,6 +162,7 @@ class Engine:
         elif self._plan is not None and not self._interrupted and self.env.now < self._plan.ends[-1]:
             # a plan that ends this very instant is not cut short: the engine stops there anyway
             self._interrupted = True
+            self.fleet.interrupted.append((self, self._plan))
             self.proc.interrupt()
 
     # ---- the loop -------------------------------------------------------------------------
@@ -304,22 +317,15 @@ class Engine:
         self._preempt()
 
     def _cut(self, plan: Plan) -> Generator[simpy.Event, Any, None]:
-        """Interrupted now: jumps that ended have happened; the one in progress stops after its
-        current iteration (one that started this instant runs one iteration)."""
+        """Interrupted now: keep what happened, finish the iteration in progress (sim.planning.cut_many)."""
         self._plan = None  # from here on the batch is the engine's own again (see `load`)
-        now = self.env.now
-        j = int(np.searchsorted(plan.ends, now, "right"))
+        cut = self.fleet.cut(self, plan)
+        j, done, rest = cut.jumps, cut.iterations, cut.rest
         if plan.chunk is not None:
             self.controller.cut(plan.chunk, plan.completed_before(j))
         self._commit(plan, j)
         start = float(plan.ends[j - 1]) if j else plan.t0
-        b, s0, k = int(plan.b[j]), float(plan.s[j]), int(plan.k[j])
-        elapsed = now - start
-        done = self.decode.done_within(b, s0, k, elapsed)
-        if done == 0 or self.decode.total(b, s0, done) < elapsed - 1e-12:
-            done += 1
-        done = min(k, done)
-        rest = self.decode.total(b, s0, done) - elapsed
+        b, k = int(plan.b[j]), int(plan.k[j])
         if rest > 0:
             yield self.env.timeout(rest)
         self.rec.count()

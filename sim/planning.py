@@ -140,3 +140,35 @@ def _durations(requests: list[Request], je: np.ndarray, b: np.ndarray, s: np.nda
         sel = which == id(t)
         out[sel] = t.totals(b[sel], s[sel], k[sel])
     return out
+
+
+@dataclass
+class Cut:
+    """Where an interrupted plan stops: after its first `jumps` jumps, then `iterations` of the next,
+    which ends `rest` seconds from now."""
+
+    jumps: int
+    iterations: int
+    rest: float
+
+
+def cut_many(plans: list[tuple[Plan, DecodeTable]], now: float) -> list[Cut]:
+    """Interrupted now: jumps that ended have happened; the one in progress stops after its current
+    iteration (one that started this instant runs one iteration)."""
+    js = [int(np.searchsorted(p.ends, now, "right")) for p, _ in plans]
+    start = np.array([float(p.ends[j - 1]) if j else p.t0 for (p, _), j in zip(plans, js, strict=True)])
+    b = np.array([p.b[j] for (p, _), j in zip(plans, js, strict=True)])
+    s0 = np.array([p.s[j] for (p, _), j in zip(plans, js, strict=True)])
+    k = np.array([p.k[j] for (p, _), j in zip(plans, js, strict=True)])
+    elapsed = now - start
+    done, rest = np.empty(len(plans), np.int64), np.empty(len(plans))
+    tables = {id(t): t for _, t in plans}
+    which = np.array([id(t) for _, t in plans])
+    for key, table in tables.items():
+        sel = np.flatnonzero(which == key)
+        bb, ss, kk, el = b[sel], s0[sel], k[sel], elapsed[sel]
+        d = table.iterations_within(bb, ss, kk, el)
+        d = np.where((d == 0) | (table.totals(bb, ss, d) < el - 1e-12), d + 1, d)
+        d = np.minimum(kk, d)
+        done[sel], rest[sel] = d, table.totals(bb, ss, d) - el
+    return [Cut(j, int(d), float(r)) for j, d, r in zip(js, done.tolist(), rest.tolist(), strict=True)]
