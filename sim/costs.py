@@ -8,6 +8,7 @@ iterations (S grows by B per iteration) are then closed-form arithmetic series p
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -135,4 +136,18 @@ class PrefillCurve:
     def __call__(self, tokens: float) -> float:
         if tokens <= 0:
             return 0.0
-        return float(np.exp(np.interp(math.log(tokens), self.log_tokens, self.log_seconds)))
+        return float(np.exp(self._interp(math.log(tokens))))
+
+    def _interp(self, x: float) -> float:
+        """np.interp(x, log_tokens, log_seconds) for one x, without numpy's per-call overhead:
+        the same formula (numpy's compiled_base.c), so the same bits."""
+        xs, ys = self.log_tokens, self.log_seconds
+        if x >= xs[-1]:
+            return ys[-1]
+        if x <= xs[0]:
+            return ys[0]
+        j = bisect.bisect_right(xs, x) - 1
+        if xs[j] == x:
+            return ys[j]
+        slope = (ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j])
+        return slope * (x - xs[j]) + ys[j]

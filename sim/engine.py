@@ -39,7 +39,7 @@ EMPTY = np.empty(0, np.int64)
 class Admission:
     """What `_admission` would do now: samples joining, and the queues left behind."""
 
-    sids: list[int]
+    sids: np.ndarray
     waiting: deque[int]
     inbox: np.ndarray
 
@@ -205,14 +205,14 @@ class Engine:
             reprefill_end = t = t + self.prefill(self.context)
         admission = self._admission()
         joined, prefill_end = None, None
-        if admission.sids and (quiet or not reprefill):
+        if len(admission.sids) and (quiet or not reprefill):
             batch, context, tokens = self._joined(admission.sids)
             joined = (batch, context)
             prefill_end = t = t + self.prefill(tokens)
         else:
             batch, context = self.batch, self.context
         request = None
-        if len(batch) and (quiet or not (reprefill or admission.sids)):
+        if len(batch) and (quiet or not (reprefill or len(admission.sids))):
             # after a completion the engine would admit what waits, or what new requests bring
             stop = not quiet or bool(admission.waiting) or len(admission.inbox) > 0
             request = Request(batch, self.progress, context, t, self.kv_tokens, self.decode, stop)
@@ -250,31 +250,33 @@ class Engine:
     # ---- admission ------------------------------------------------------------------------
     def _admission(self) -> Admission:
         """Which waiting, then routed, samples join the batch now (vLLM admits while KV room lasts)."""
-        waiting, inbox = deque(self.waiting), self.inbox
+        waiting, inbox = self.waiting, self.inbox
         if self.update is not None or not (waiting or len(inbox)):  # a draining engine admits nothing
-            return Admission([], waiting, inbox)
+            return Admission(EMPTY, waiting, inbox)
         s = self.samples
         running = len(self.batch)
         room = self.kv_tokens * (1 - KV_WATERMARK)
         new: list[int] = []
-        while waiting and self._fits(running, len(new), int(s.prompt[waiting[0]] + s.generated[waiting[0]]), room):
-            new.append(waiting.popleft())
+        if waiting:
+            waiting = deque(waiting)
+            while waiting and self._fits(running, len(new), int(s.prompt[waiting[0]] + s.generated[waiting[0]]),
+                                         room):
+                new.append(waiting.popleft())
+        ids = np.array(new, dtype=np.int64)
         if not waiting and len(inbox):
             # routed samples in order while the batch has room and each fits; the first that does
             # not fit waits (it is first in line then), and the rest stay in the inbox
-            slots = max(0, self.max_batch - running - len(new))
-            head = inbox[:slots]
+            head = inbox[:max(0, self.max_batch - running - len(new))]
             fits = self.context + (s.prompt[head] + s.generated[head]) + 1 <= room
             if running == 0 and not new and len(head):
                 fits[0] = True  # an empty engine always takes one, however long
-            bad = np.flatnonzero(~fits)
-            n = int(bad[0]) if len(bad) else len(head)
-            new.extend(head[:n].tolist())
+            n = len(head) if fits.all() else int(np.argmin(fits))
+            ids = np.concatenate((ids, head[:n])) if new else head[:n]
             if n < len(head):
-                waiting.append(int(head[n]))
+                waiting = deque([int(head[n])])
                 n += 1
             inbox = inbox[n:]
-        return Admission(new, waiting, inbox)
+        return Admission(ids, waiting, inbox)
 
     def _fits(self, running: int, pending: int, tokens: int, room: float) -> bool:
         if running + pending >= self.max_batch:
@@ -283,17 +285,15 @@ class Engine:
         # sample re-admitted with one token to spare would overflow and be preempted again at once
         return (not running and not pending) or self.context + tokens + 1 <= room
 
-    def _joined(self, sids: list[int]) -> tuple[Batch, float, int]:
-        """The batch, KV context and prefill tokens once `sids` have joined."""
+    def _joined(self, ids: np.ndarray) -> tuple[Batch, float, int]:
+        """The batch, KV context and prefill tokens once `ids` have joined."""
         s = self.samples
-        ids = np.array(sids, dtype=np.int64)
-        tokens = s.prompt[ids] + s.generated[ids]
-        context = self.context
-        for n in tokens.tolist():  # one at a time: the same float sums as the reference
-            context += n
-        finish = self.progress + s.response[ids] - s.generated[ids]
+        generated = s.generated[ids]
+        tokens = int(s.prompt[ids].sum() + generated.sum())
+        finish = self.progress + s.response[ids] - generated
         batch = self.batch.merged(ids, finish, np.full(len(ids), self.progress, np.int64))
-        return batch, context, int(tokens.sum())
+        # integers all along: the sum is exact, whatever the order the reference adds them in
+        return batch, self.context + tokens, tokens
 
     def _admit(self, admission: Admission, batch: Batch, context: float) -> None:
         self.waiting, self.inbox = admission.waiting, admission.inbox
