@@ -167,8 +167,8 @@ class Engine:
 
     # ---- the loop -------------------------------------------------------------------------
     def run(self) -> Generator[simpy.Event, Any, None]:
+        woken = False
         while True:
-            segment = None
             if self.update is not None and (self.interruptible or not len(self.batch)):
                 yield from self._load_weights()
                 reprefill = len(self.batch) > 0
@@ -178,14 +178,19 @@ class Engine:
                     segment = yield self.fleet.ask(self, reprefill)
                 else:
                     segment = self._prepare(reprefill)
+            elif woken and self._quiet():
+                # routed to while idle, as many others are at once: plan together at the end of the
+                # instant (quiet: no more work can come this instant)
+                segment = yield self.fleet.ask(self, False)
             else:
                 segment = self._prepare(False)
+            woken = False
             if segment.plan is None and segment.request is not None:
                 self.fleet.plan([segment])
             if not (yield from self._run(segment)):
                 self._wake = self.env.event()
                 yield self._wake
-                self._wake = None
+                self._wake, woken = None, True
 
     def _quiet(self) -> bool:
         """Nothing but an interrupt can reach this engine: it may plan past its next decisions."""
@@ -223,7 +228,7 @@ class Engine:
         if sg.plan is not None and sg.plan.done.any():
             n = int(sg.plan.done.sum())
             sg.plan.chunk = self.controller.plan(np.repeat(sg.plan.ends, sg.plan.done) + self.reward_seconds,
-                                                 sg.request.batch.sid[:n])  # type: ignore[union-attr]
+                                                 sg.plan.batch.sid[:n])
         if sg.reprefill_end is not None:
             start = self.env.now
             yield timeout_at(self.env, sg.reprefill_end)
@@ -267,7 +272,7 @@ class Engine:
             # routed samples in order while the batch has room and each fits; the first that does
             # not fit waits (it is first in line then), and the rest stay in the inbox
             head = inbox[:max(0, self.max_batch - running - len(new))]
-            fits = self.context + (s.prompt[head] + s.generated[head]) + 1 <= room
+            fits = self.context + s.prompt[head] + 1 <= room  # routed samples have generated nothing yet
             if running == 0 and not new and len(head):
                 fits[0] = True  # an empty engine always takes one, however long
             n = len(head) if fits.all() else int(np.argmin(fits))
@@ -291,7 +296,7 @@ class Engine:
         generated = s.generated[ids]
         tokens = int(s.prompt[ids].sum() + generated.sum())
         finish = self.progress + s.response[ids] - generated
-        batch = self.batch.merged(ids, finish, np.full(len(ids), self.progress, np.int64))
+        batch = self.batch.plus(ids, finish, np.full(len(ids), self.progress, np.int64))
         # integers all along: the sum is exact, whatever the order the reference adds them in
         return batch, self.context + tokens, tokens
 
@@ -305,7 +310,8 @@ class Engine:
             self.controller.cut(plan.chunk, 0)
 
     def _decode(self, plan: Plan) -> Generator[simpy.Event, Any, None]:
-        self._plan = plan
+        assert len(plan.batch) == len(self.batch)  # the same samples, sorted by the plan
+        self.batch, self._plan = plan.batch, plan
         try:
             yield timeout_at(self.env, float(plan.ends[-1]))
         except simpy.Interrupt:  # finish the iteration in progress, then stop

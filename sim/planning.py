@@ -20,7 +20,8 @@ from sim.pending import Chunk
 
 @dataclass
 class Batch:
-    """Running samples, sorted by (finish, sid): completions always leave from the front."""
+    """Running samples. While a plan runs they are sorted by (finish, sid), so completions always
+    leave from the front; samples joining are appended, and the next plan sorts them."""
 
     sid: np.ndarray
     finish: np.ndarray  # engine progress (iterations) at which it has generated its whole response
@@ -29,11 +30,9 @@ class Batch:
     def __len__(self) -> int:
         return len(self.sid)
 
-    def merged(self, sid: np.ndarray, finish: np.ndarray, joined: np.ndarray) -> Batch:
-        s, f = np.concatenate((self.sid, sid)), np.concatenate((self.finish, finish))
-        j = np.concatenate((self.joined, joined))
-        order = np.lexsort((s, f))
-        return Batch(s[order], f[order], j[order])
+    def plus(self, sid: np.ndarray, finish: np.ndarray, joined: np.ndarray) -> Batch:
+        return Batch(np.concatenate((self.sid, sid)), np.concatenate((self.finish, finish)),
+                     np.concatenate((self.joined, joined)))
 
     def without(self, keep: np.ndarray | slice) -> Batch:
         return Batch(self.sid[keep], self.finish[keep], self.joined[keep])
@@ -51,10 +50,13 @@ class Plan:
     ends: np.ndarray
     done: np.ndarray
     after: np.ndarray  # KV context after each jump and its completions
+    batch: Batch  # the batch it runs, sorted
+    done_through: np.ndarray  # [j]: samples completed by jumps 0..j, plus `done_offset`
+    done_offset: int
     chunk: Chunk | None = None  # its completions, as filed with the controller
 
     def completed_before(self, j: int) -> int:
-        return int(self.done[:j].sum())
+        return int(self.done_through[j - 1]) - self.done_offset if j else 0
 
 
 @dataclass
@@ -79,9 +81,11 @@ def plan_many(requests: list[Request], exit_tokens: np.ndarray) -> list[Plan]:
     """
     n_eng = len(requests)
     sizes = np.array([len(r.batch) for r in requests])
+    eng = np.repeat(np.arange(n_eng), sizes)
     sid = np.concatenate([r.batch.sid for r in requests])
     fin = np.concatenate([r.batch.finish for r in requests])
-    eng = np.repeat(np.arange(n_eng), sizes)
+    order = np.lexsort((sid, fin, eng))  # each engine's samples by (finish, sid)
+    sid, fin, joined = sid[order], fin[order], np.concatenate([r.batch.joined for r in requests])[order]
     # jumps: one per distinct finishing point of each engine
     new = np.ones(len(fin), bool)
     new[1:] = (eng[1:] != eng[:-1]) | (fin[1:] != fin[:-1])
@@ -125,9 +129,17 @@ def plan_many(requests: list[Request], exit_tokens: np.ndarray) -> list[Plan]:
     clock[je, rank + 1] = durations
     ends = np.cumsum(clock, axis=1)[je, rank + 1]
     after = s + (b * k - freed)
-    bounds = np.append(0, np.cumsum(m))
-    return [Plan(r.t0, b[lo:hi], s[lo:hi], k[lo:hi], ends[lo:hi], done[lo:hi], after[lo:hi])
-            for r, lo, hi in zip(requests, bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)]
+    bounds = np.append(0, np.cumsum(m)).tolist()
+    rows = np.append(0, np.cumsum(sizes)).tolist()
+    cum = np.cumsum(done)
+    offsets = (cum - done)[bounds[:-1]].tolist()
+    plans = []
+    for e, r in enumerate(requests):
+        lo, hi, r0, r1 = bounds[e], bounds[e + 1], rows[e], rows[e + 1]
+        batch = Batch(sid[r0:r1], fin[r0:r1], joined[r0:r1])
+        plans.append(Plan(r.t0, b[lo:hi], s[lo:hi], k[lo:hi], ends[lo:hi], done[lo:hi], after[lo:hi], batch,
+                          cum[lo:hi], offsets[e]))
+    return plans
 
 
 def _durations(requests: list[Request], je: np.ndarray, b: np.ndarray, s: np.ndarray, k: np.ndarray) -> np.ndarray:
