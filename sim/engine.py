@@ -42,6 +42,7 @@ class Admission:
     sids: np.ndarray
     waiting: deque[int]
     inbox: np.ndarray
+    fresh: bool = True  # none of them was preempted (all come from the inbox)
 
 
 @dataclass
@@ -211,7 +212,7 @@ class Engine:
         admission = self._admission()
         joined, prefill_end = None, None
         if len(admission.sids) and (quiet or not reprefill):
-            batch, context, tokens = self._joined(admission.sids)
+            batch, context, tokens = self._joined(admission.sids, fresh=admission.fresh)
             joined = (batch, context)
             prefill_end = t = t + self.prefill(tokens)
         else:
@@ -267,7 +268,7 @@ class Engine:
             while waiting and self._fits(running, len(new), int(s.prompt[waiting[0]] + s.generated[waiting[0]]),
                                          room):
                 new.append(waiting.popleft())
-        ids = np.array(new, dtype=np.int64)
+        ids = np.array(new, dtype=np.int64) if new else EMPTY
         if not waiting and len(inbox):
             # routed samples in order while the batch has room and each fits; the first that does
             # not fit waits (it is first in line then), and the rest stay in the inbox
@@ -281,7 +282,7 @@ class Engine:
                 waiting = deque([int(head[n])])
                 n += 1
             inbox = inbox[n:]
-        return Admission(ids, waiting, inbox)
+        return Admission(ids, waiting, inbox, fresh=not new)
 
     def _fits(self, running: int, pending: int, tokens: int, room: float) -> bool:
         if running + pending >= self.max_batch:
@@ -290,13 +291,17 @@ class Engine:
         # sample re-admitted with one token to spare would overflow and be preempted again at once
         return (not running and not pending) or self.context + tokens + 1 <= room
 
-    def _joined(self, ids: np.ndarray) -> tuple[Batch, float, int]:
-        """The batch, KV context and prefill tokens once `ids` have joined."""
+    def _joined(self, ids: np.ndarray, fresh: bool) -> tuple[Batch, float, int]:
+        """The batch, KV context and prefill tokens once `ids` have joined (`fresh`: none was preempted)."""
         s = self.samples
-        generated = s.generated[ids]
-        tokens = int(s.prompt[ids].sum() + generated.sum())
-        finish = self.progress + s.response[ids] - generated
-        batch = self.batch.plus(ids, finish, np.full(len(ids), self.progress, np.int64))
+        if fresh:  # routed samples: nothing generated yet
+            tokens, finish = int(s.prompt[ids].sum()), self.progress + s.response[ids]
+        else:
+            generated = s.generated[ids]
+            tokens = int(s.prompt[ids].sum() + generated.sum())
+            finish = self.progress + s.response[ids] - generated
+        joined = np.full(len(ids), self.progress, np.int64)
+        batch = self.batch.plus(ids, finish, joined) if len(self.batch) else Batch(ids, finish, joined)
         # integers all along: the sum is exact, whatever the order the reference adds them in
         return batch, self.context + tokens, tokens
 
