@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+EMPTY = np.empty(0, np.int64)
+
 
 class Chunk:
     """Planned completions of one engine, by time; `lo:hi` is what is still to be delivered."""
@@ -25,12 +27,14 @@ class Pending:
     def __init__(self) -> None:
         self.chunks: list[Chunk] = []
         self.changed = False  # since the last `kth_time`
+        self._next = float("inf")  # nothing is due before then (the controller looks often)
 
     def add(self, times: np.ndarray, sids: np.ndarray, versions: np.ndarray) -> Chunk:
         chunk = Chunk(times, sids, versions)
         if chunk.hi:
             self.chunks.append(chunk)
             self.changed = True
+            self._next = min(self._next, float(times[0]))
         return chunk
 
     def cut(self, chunk: Chunk, keep: int) -> None:
@@ -41,21 +45,25 @@ class Pending:
 
     def due(self, now: float) -> tuple[np.ndarray, np.ndarray]:
         """Take out the completions at or before `now`: (sample ids, start versions)."""
+        if now < self._next:
+            return EMPTY, EMPTY
         sids, versions, live = [], [], []
+        upcoming = float("inf")
         for ch in self.chunks:
             if ch.lo >= ch.hi:
                 continue  # delivered, or cut back to nothing
-            last_due = ch.times[ch.hi - 1] <= now  # the usual case when looking late: all of it
-            n = ch.hi if last_due else min(ch.hi, int(np.searchsorted(ch.times, now, side="right")))
+            times = ch.times
+            n = ch.hi if times[ch.hi - 1] <= now else min(ch.hi, int(times.searchsorted(now, "right")))
             if n > ch.lo:
                 sids.append(ch.sids[ch.lo:n])
                 versions.append(ch.versions[ch.lo:n])
                 ch.lo = n
             if ch.lo < ch.hi:
                 live.append(ch)
-        self.chunks = live
+                upcoming = min(upcoming, times[ch.lo])
+        self.chunks, self._next = live, float(upcoming)
         if not sids:
-            return np.empty(0, np.int64), np.empty(0, np.int64)
+            return EMPTY, EMPTY
         return np.concatenate(sids), np.concatenate(versions)
 
     def kth_time(self, need: dict[int, int]) -> float:
