@@ -86,6 +86,7 @@ class Controller:
         self.version = 0
         self.admitted = 0
         self.samples = samples
+        self._total = len(samples)
         self.in_flight: Counter[int] = Counter()  # start version -> samples admitted, not yet buffered
         self.buffer: dict[int, list[np.ndarray]] = {}  # start version -> completed sample ids, not yet trained
         self.buffered_by: Counter[int] = Counter()
@@ -102,7 +103,7 @@ class Controller:
         self._keys: np.ndarray | None = None  # router: keys[e, b] = engine e's iteration with b running
 
     def allowance(self) -> int:
-        return min((self.eta + self.version + 1) * self.batch - self.admitted, len(self.samples) - self.admitted)
+        return min((self.eta + self.version + 1) * self.batch, self._total) - self.admitted
 
     # ---- routing ------------------------------------------------------------------------------
     def request_dispatch(self) -> None:
