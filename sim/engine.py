@@ -50,6 +50,7 @@ class Segment:
     """What an engine will do next, decided at one instant (see Engine._prepare)."""
 
     quiet: bool
+    start: float
     reprefill_end: float | None  # KV re-prefill after loading weights, if any
     admission: Admission
     joined: tuple[Batch, float] | None  # batch and KV context once admitted, if any are
@@ -126,6 +127,7 @@ class Engine:
         self.update: tuple[int, float] | None = None  # (version, time the new weights are in)
         self._wake: simpy.Event | None = None  # idle: waiting for work
         self._plan: Plan | None = None  # decoding: the plan in progress
+        self._phases: Segment | None = None  # its prefills, while time has not passed them all
         self._interrupted = False  # an interrupt is on its way to the plan in progress
         controller.engines.append(self)
         self.proc = env.process(self.run())
@@ -136,6 +138,7 @@ class Engine:
         return self.update is None and self.version == version
 
     def load(self) -> int:
+        self._catch_up()
         running = len(self.batch)
         if self._plan is not None:  # samples whose jump has ended are gone already
             running -= self._plan.completed_before(int(np.searchsorted(self._plan.ends, self.env.now, "right")))
@@ -146,6 +149,7 @@ class Engine:
 
     def queued(self) -> int:
         """Samples waiting for admission (the queue plot)."""
+        self._catch_up()
         return len(self.waiting) + len(self.inbox)
 
     def assign(self, sids: np.ndarray) -> None:
@@ -163,7 +167,8 @@ class Engine:
         elif self._plan is not None and not self._interrupted and self.env.now < self._plan.ends[-1]:
             # a plan that ends this very instant is not cut short: the engine stops there anyway
             self._interrupted = True
-            self.fleet.interrupted.append((self, self._plan))
+            if self.env.now >= self._plan.t0:  # decoding already, not still in a prefill
+                self.fleet.interrupted.append((self, self._plan))
             self.proc.interrupt()
 
     # ---- the loop -------------------------------------------------------------------------
@@ -222,7 +227,7 @@ class Engine:
             # after a completion the engine would admit what waits, or what new requests bring
             stop = not quiet or bool(admission.waiting) or len(admission.inbox) > 0
             request = Request(batch, self.progress, context, t, self.kv_tokens, self.decode, stop)
-        return Segment(quiet, reprefill_end, admission, joined, prefill_end, request)
+        return Segment(quiet, self.env.now, reprefill_end, admission, joined, prefill_end, request)
 
     def _run(self, sg: Segment) -> Generator[simpy.Event, Any, bool]:
         """Carry out a segment; an update arriving during a prefill voids the rest. False: idle."""
@@ -230,21 +235,22 @@ class Engine:
             n = int(sg.plan.done.sum())
             sg.plan.chunk = self.controller.plan(np.repeat(sg.plan.ends, sg.plan.done) + self.reward_seconds,
                                                  sg.plan.batch.sid[:n])
+        if sg.quiet and sg.plan is not None:
+            # its prefills need no events of their own: they happen inside the plan's one wait, and
+            # are recorded as time passes them (`_catch_up`)
+            self._phases = sg
+            yield from self._decode(sg.plan)
+            return True
         if sg.reprefill_end is not None:
-            start = self.env.now
             yield timeout_at(self.env, sg.reprefill_end)
-            self.rec.interval(self.name, self.group, "reprefill", start, self.env.now, self.version, len(self.batch))
-            self.rec.count()
+            self._reprefilled(sg)
             if not sg.quiet or self.update is not None:
                 self._drop(sg.plan)
                 return True
         if sg.joined is not None:
             self._admit(sg.admission, *sg.joined)
-            start = self.env.now
             yield timeout_at(self.env, sg.prefill_end)  # type: ignore[arg-type]
-            self.rec.count()
-            self.rec.interval(self.name, self.group, "prefill", start, self.env.now, self.version,
-                              len(sg.admission.sids))
+            self._prefilled(sg)
             if not sg.quiet or self.update is not None:
                 self._drop(sg.plan)
                 return True
@@ -252,6 +258,51 @@ class Engine:
             return sg.reprefill_end is not None or sg.joined is not None
         yield from self._decode(sg.plan)
         return True
+
+    def _reprefilled(self, sg: Segment) -> None:
+        self.rec.interval(self.name, self.group, "reprefill", sg.start, sg.reprefill_end, self.version,  # type: ignore[arg-type]
+                          len(self.batch))
+        self.rec.count()
+
+    def _prefilled(self, sg: Segment) -> None:
+        start = sg.start if sg.reprefill_end is None else sg.reprefill_end
+        self.rec.count()
+        self.rec.interval(self.name, self.group, "prefill", start, sg.prefill_end, self.version,  # type: ignore[arg-type]
+                          len(sg.admission.sids))
+
+    def _catch_up(self) -> None:
+        """The prefills of the plan in progress that time has reached have happened: the re-prefill
+        ends, then what it admits joins (the queues change), then their prefill ends."""
+        sg, now = self._phases, self.env.now
+        if sg is None:
+            return
+        if sg.reprefill_end is not None:
+            if now < sg.reprefill_end:
+                return
+            self._reprefilled(sg)
+            sg.reprefill_end, sg.start = None, sg.reprefill_end
+        if sg.joined is not None:
+            self._admit(sg.admission, *sg.joined)
+            sg.joined = None
+        if sg.prefill_end is not None:
+            if now < sg.prefill_end:
+                return
+            self._prefilled(sg)
+            sg.prefill_end = None
+        self._phases = None
+
+    def _finish_prefills(self, plan: Plan) -> Generator[simpy.Event, Any, None]:
+        """An update came during a prefill: that prefill completes, the rest of the plan does not (the
+        engine loads the new weights first, as the reference does)."""
+        sg = self._phases
+        assert sg is not None
+        self._drop(plan)
+        if sg.reprefill_end is not None:  # still re-prefilling: nothing is admitted before the load
+            sg.joined, sg.prefill_end = None, None
+            yield timeout_at(self.env, sg.reprefill_end)
+        else:
+            yield timeout_at(self.env, sg.prefill_end)  # type: ignore[arg-type]
+        self._catch_up()
 
     # ---- admission ------------------------------------------------------------------------
     def _admission(self) -> Admission:
@@ -315,21 +366,33 @@ class Engine:
             self.controller.cut(plan.chunk, 0)
 
     def _decode(self, plan: Plan) -> Generator[simpy.Event, Any, None]:
-        assert len(plan.batch) == len(self.batch)  # the same samples, sorted by the plan
-        self.batch, self._plan = plan.batch, plan
+        self._plan = plan
+        if self._phases is None:
+            self._start_decoding(plan)
         try:
             yield timeout_at(self.env, float(plan.ends[-1]))
         except simpy.Interrupt:  # finish the iteration in progress, then stop
+            self._plan = None
+            self._catch_up()
+            if self._phases is not None:
+                yield from self._finish_prefills(plan)
+                return
+            self._start_decoding(plan)
             yield from self._cut(plan)
             return
         finally:
             self._plan, self._interrupted = None, False
+        self._catch_up()
+        self._start_decoding(plan)
         self._commit(plan, len(plan.k))
         self._preempt()
 
+    def _start_decoding(self, plan: Plan) -> None:
+        assert len(plan.batch) == len(self.batch)  # the same samples, sorted by the plan
+        self.batch = plan.batch
+
     def _cut(self, plan: Plan) -> Generator[simpy.Event, Any, None]:
         """Interrupted now: keep what happened, finish the iteration in progress (sim.planning.cut_many)."""
-        self._plan = None  # from here on the batch is the engine's own again (see `load`)
         cut = self.fleet.cut(self, plan)
         j, done, rest = cut.jumps, cut.iterations, cut.rest
         if plan.chunk is not None:

@@ -207,7 +207,7 @@ def _sample_queue(env: simpy.Environment, ctl: Controller | ref.Controller, engi
     while True:
         if isinstance(ctl, Controller):
             ctl.deliver()  # completions planned until now
-        waiting = sum(len(e.waiting) + len(e.inbox) for e in engines)
+        waiting = sum(e.queued() for e in engines)
         in_flight = sum(ctl.in_flight.values())
         rec.queue.append((env.now, waiting, in_flight, ctl.buffered))
         yield env.timeout(period)

@@ -59,6 +59,10 @@ class Engine:
     def load(self) -> int:
         return len(self.running) + len(self.waiting) + len(self.inbox)
 
+    def queued(self) -> int:
+        """Samples waiting for admission (the queue plot)."""
+        return len(self.waiting) + len(self.inbox)
+
     def capacity(self) -> int:
         return self.max_batch
 
