@@ -3,15 +3,15 @@
 Between events the running batch is fixed, so the engine does not step through its samples one by
 one: it plans every completion until it would next have a decision to take (its batch drains, its
 KV cache would overflow, or, when new work could reach it, its next completion) as numpy arrays:
-the jumps between completions, each a closed-form sum of iteration times (sim.costs). It files the
-planned completions with the controller and sleeps until the plan ends. A weight update or new
+the jumps between completions, each a closed-form sum of iteration times (sim.planning). It files
+the planned completions with the controller and sleeps until the plan ends. A weight update or new
 requests interrupt it; it then finishes the iteration in progress and keeps only what happened.
 
 When nothing can reach it but an interrupt ("quiet": no staleness allowance left to route, no update
-pending) it also plans its KV re-prefill and the prefill of what it admits, at the instant it loads
-new weights: every engine files its plan in the same instant, and the trainer's wake-up timer is
-reset once rather than once per engine. The reference it is checked against is sim.reference
-(one event per decode iteration).
+pending) it also plans its KV re-prefill and the prefill of what it admits, and sleeps through them
+too. Engines that load new weights in the same instant plan together (`Fleet`: one set of arrays),
+and plans interrupted in the same instant are cut together. The reference it is checked against
+is sim.reference (one event per decode iteration).
 """
 
 from __future__ import annotations
