@@ -66,8 +66,8 @@ class Fleet:
     the instant, once the router has sent this instant's work, all of them prepare and plan at once.
     """
 
-    def __init__(self, env: simpy.Environment, exit_tokens: np.ndarray) -> None:
-        self.env, self.exit_tokens = env, exit_tokens
+    def __init__(self, env: simpy.Environment, samples: Samples) -> None:
+        self.env, self.samples, self.exit_tokens = env, samples, samples.exit_tokens
         self._asking: list[tuple[Engine, bool, simpy.Event]] = []
         self.interrupted: list[tuple[Engine, Plan]] = []  # interrupted plans whose cut is still to work out
         self._cuts: dict[int, Cut] = {}
@@ -82,10 +82,48 @@ class Fleet:
 
     def _plan_all(self, _event: simpy.Event) -> None:
         asking, self._asking = self._asking, []
-        segments = [engine._prepare(reprefill) for engine, reprefill, _ in asking]
+        segments = self._prepare_all([(engine, reprefill) for engine, reprefill, _ in asking])
         self.plan(segments)
         for (_, _, event), segment in zip(asking, segments, strict=True):
+            if segment.request is not None and segment.request.new is not None:  # see _prepare_routed
+                segment.joined = (segment.plan.batch, segment.joined[1])  # type: ignore[union-attr,index]
             event.succeed(segment)
+
+    def _prepare_all(self, asking: list[tuple[Engine, bool]]) -> list[Segment]:
+        """Engine._prepare for many engines; the usual case (quiet, nothing preempted waiting, routed
+        requests that all fit) as one set of arrays, any other engine on its own."""
+        out: list[Segment | None] = [None] * len(asking)
+        common = []
+        for i, (e, reprefill) in enumerate(asking):
+            if e._quiet() and not e.waiting and len(e.inbox) > 0 and len(e.batch) < e.max_batch:
+                common.append(i)
+            else:
+                out[i] = e._prepare(reprefill)
+        if common:
+            engines = [asking[i][0] for i in common]
+            heads = [e.inbox[:e.max_batch - len(e.batch)] for e in engines]
+            sizes = np.array([len(h) for h in heads])
+            which = np.repeat(np.arange(len(engines)), sizes)
+            ids = np.concatenate(heads)
+            prompt = self.samples.prompt[ids]
+            context = np.array([e.context for e in engines])
+            room = np.array([e.kv_tokens * (1 - KV_WATERMARK) for e in engines])
+            fits = context[which] + prompt + 1 <= room[which]
+            firsts = np.cumsum(sizes) - sizes
+            fits[firsts[[not len(e.batch) for e in engines]]] = True  # an empty engine always takes one
+            tokens = np.add.reduceat(prompt, firsts).tolist()
+            finish = np.array([e.progress for e in engines])[which] + self.samples.response[ids]
+            misfit = np.bincount(which[~fits], minlength=len(engines)).tolist()
+            bounds = np.append(firsts, len(ids)).tolist()
+            for n, i in enumerate(common):
+                e, reprefill = asking[i]
+                if misfit[n]:  # one does not fit: it waits, first in line; the engine works that out
+                    out[i] = e._prepare(reprefill)
+                    continue
+                lo, hi = bounds[n], bounds[n + 1]
+                new = Batch(ids[lo:hi], finish[lo:hi], np.full(hi - lo, e.progress, np.int64))
+                out[i] = e._prepare_routed(reprefill, new, tokens[n])
+        return out  # type: ignore[return-value]
 
     def cut(self, engine: Engine, plan: Plan) -> Cut:
         """Where the engine's interrupted plan stops; worked out for all interrupted in this instant."""
@@ -228,6 +266,18 @@ class Engine:
             stop = not quiet or bool(admission.waiting) or len(admission.inbox) > 0
             request = Request(batch, self.progress, context, t, self.kv_tokens, self.decode, stop)
         return Segment(quiet, self.env.now, reprefill_end, admission, joined, prefill_end, request)
+
+    def _prepare_routed(self, reprefill: bool, new: Batch, tokens: int) -> Segment:
+        """`_prepare` when quiet with nothing preempted waiting, and `new` (the inbox's head) all fits."""
+        now = self.env.now
+        reprefill_end = now + self.prefill(self.context) if reprefill else None
+        context = self.context + tokens
+        prefill_end = t = (now if reprefill_end is None else reprefill_end) + self.prefill(tokens)
+        inbox = self.inbox[len(new):]
+        admission = Admission(new.sid, self.waiting, inbox)
+        joined = (new, context)  # Fleet._plan_all puts the whole batch, as the plan sorted it, in here
+        request = Request(self.batch, self.progress, context, t, self.kv_tokens, self.decode, len(inbox) > 0, new)
+        return Segment(True, now, reprefill_end, admission, joined, prefill_end, request)
 
     def _run(self, sg: Segment) -> Generator[simpy.Event, Any, bool]:
         """Carry out a segment; an update arriving during a prefill voids the rest. False: idle."""

@@ -70,6 +70,7 @@ class Request:
     kv_tokens: float
     decode: DecodeTable
     stop_at_completion: bool  # it has a decision to take at its first completion
+    new: Batch | None = None  # samples joining the batch (kept apart: the plan sorts them in)
 
 
 def plan_many(requests: list[Request], exit_tokens: np.ndarray) -> list[Plan]:
@@ -80,12 +81,15 @@ def plan_many(requests: list[Request], exit_tokens: np.ndarray) -> list[Plan]:
     completion. Bit for bit what jumping one completion at a time gives: the same sums, in order.
     """
     n_eng = len(requests)
-    sizes = np.array([len(r.batch) for r in requests])
-    eng = np.repeat(np.arange(n_eng), sizes)
-    sid = np.concatenate([r.batch.sid for r in requests])
-    fin = np.concatenate([r.batch.finish for r in requests])
+    parts = [r.batch for r in requests] + [r.new for r in requests if r.new is not None]
+    owner = list(range(n_eng)) + [e for e, r in enumerate(requests) if r.new is not None]
+    eng = np.repeat(owner, [len(p) for p in parts])
+    sizes = np.bincount(eng, minlength=n_eng)
+    sid = np.concatenate([p.sid for p in parts])
+    fin = np.concatenate([p.finish for p in parts])
     order = np.lexsort((sid, fin, eng))  # each engine's samples by (finish, sid)
-    sid, fin, joined = sid[order], fin[order], np.concatenate([r.batch.joined for r in requests])[order]
+    eng, sid, fin = eng[order], sid[order], fin[order]
+    joined = np.concatenate([p.joined for p in parts])[order]
     # jumps: one per distinct finishing point of each engine
     new = np.ones(len(fin), bool)
     new[1:] = (eng[1:] != eng[:-1]) | (fin[1:] != fin[:-1])

@@ -144,7 +144,7 @@ def simulate(
         engines = _reference_engines(env, rec, ctl, workload, specs, interruptible)
     else:
         ctl = Controller(env, batch, eta, Samples(prompts, responses))
-        fleet = Fleet(env, ctl.samples.exit_tokens)
+        fleet = Fleet(env, ctl.samples)
         engines = [
             Engine(env, s.name, _group_key(s.group), s.decode, s.prefill, s.max_batch, s.kv_tokens, ctl, rec, fleet,
                    workload.reward_seconds, mean_iteration_s=s.mean_iteration_s, interruptible=interruptible)
