@@ -27,7 +27,7 @@ import simpy
 from sim.clock import timeout_at
 from sim.controller import Controller
 from sim.costs import DecodeTable, PrefillCurve
-from sim.planning import Batch, Cut, Plan, Request, cut_many, plan_many
+from sim.planning import Batch, Cut, Plan, Request, cut_many, plan_first_jump, plan_many
 from sim.recorder import Recorder
 from sim.samples import Samples
 
@@ -137,7 +137,9 @@ class Fleet:
 
     def plan(self, segments: list[Segment]) -> None:
         wanted = [sg for sg in segments if sg.request is not None]
-        if wanted:
+        if len(wanted) == 1 and wanted[0].request.stop_at_completion and wanted[0].request.new is None:  # type: ignore[union-attr]
+            wanted[0].plan = plan_first_jump(wanted[0].request, self.exit_tokens)  # type: ignore[arg-type]
+        elif wanted:
             plans = plan_many([sg.request for sg in wanted], self.exit_tokens)  # type: ignore[misc]
             for sg, plan in zip(wanted, plans, strict=True):
                 sg.plan = plan

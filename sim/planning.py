@@ -146,6 +146,25 @@ def plan_many(requests: list[Request], exit_tokens: np.ndarray) -> list[Plan]:
     return plans
 
 
+def plan_first_jump(r: Request, exit_tokens: np.ndarray) -> Plan:
+    """`plan_many` for one engine that stops at its first completion (it has decisions to take at
+    every completion: samples wait for KV room, or new requests may come): one jump, in scalars.
+    The same arithmetic as `plan_many`, so the same bits."""
+    order = np.lexsort((r.batch.sid, r.batch.finish))
+    batch = r.batch.without(order)
+    first = int(batch.finish[0])
+    n = int(np.searchsorted(batch.finish, first, "right"))
+    b, k, s0 = len(batch), first - r.progress, r.context
+    room = (r.kv_tokens - s0) // b
+    freed = int(exit_tokens[batch.sid[:n]].sum())
+    if room < k:  # the cache overflows first: stop there
+        k0 = max(1, min(k, int(room))) if room >= 1 else 1
+        n, freed, k = (n, freed, k) if k0 == k else (0, 0, k0)
+    end = r.t0 + r.decode.total(b, s0, k)
+    return Plan(r.t0, np.array([b]), np.array([s0]), np.array([k]), np.array([end]), np.array([n]),
+                np.array([s0 + (b * k - freed)]), batch, np.array([n]), 0)
+
+
 def _durations(requests: list[Request], je: np.ndarray, b: np.ndarray, s: np.ndarray, k: np.ndarray) -> np.ndarray:
     tables = [r.decode for r in requests]
     if all(t is tables[0] for t in tables):
