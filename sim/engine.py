@@ -482,9 +482,9 @@ class Engine:
     def _complete(self, n: int, now: bool) -> None:
         """The first n samples of the batch finished (their jump ending `now`, or earlier): credit
         their tokens and let them go. Their completions are filed with the controller already."""
-        done = self.batch.without(slice(0, n))
-        self.batch = self.batch.without(slice(n, None))
-        self.samples.credit(done.sid, self.version, done.finish - done.joined)
+        b = self.batch
+        self.samples.credit(b.sid[:n], self.version, b.finish[:n] - b.joined[:n])
+        self.batch = b.without(slice(n, None))
         if now:  # free slots: route more if the capacity rule allows (it does not while quiet)
             self.controller.request_dispatch()
 

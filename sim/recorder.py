@@ -50,12 +50,13 @@ class Recorder:
     def intervals(self, resource: str, group: str, activity: str, starts: np.ndarray, ends: np.ndarray,
                   version: int, samples: np.ndarray) -> None:
         """Consecutive intervals of one resource, as `interval` would file them one by one."""
+        durations = ends - starts
         busy = self.busy[resource]
-        for d in (ends - starts).tolist():  # the same running sum as one at a time
+        for d in durations.tolist():  # the same running sum as one at a time
             if d > 0:
                 busy += d
         self.busy[resource] = busy
-        keep = ends > starts
+        keep = durations > 0  # end > start, as `interval` asks
         if not keep.all():
             starts, ends, samples = starts[keep], ends[keep], samples[keep]
         self.chunks.append((resource, group, activity, starts, ends, version, samples))
