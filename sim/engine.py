@@ -471,9 +471,8 @@ class Engine:
         if not j:
             return
         self.rec.count(j)
-        starts = np.concatenate(([plan.t0], plan.ends[:j - 1]))
-        self.rec.intervals(self.name, self.group, "decode", starts, plan.ends[:j], self.version, plan.b[:j])
-        self.progress += int(plan.k[:j].sum())
+        self.rec.intervals(self.name, self.group, "decode", plan.starts[:j], plan.ends[:j], self.version, plan.b[:j])
+        self.progress += int(plan.k_through[j - 1])
         self.context = float(plan.after[j - 1])
         n = plan.completed_before(j)
         if n:

@@ -53,6 +53,8 @@ class Plan:
     batch: Batch  # the batch it runs, sorted
     done_through: np.ndarray  # [j]: samples completed by jumps 0..j, plus `done_offset`
     done_offset: int
+    starts: np.ndarray  # [j]: when jump j starts (t0, then the previous end)
+    k_through: np.ndarray  # [j]: iterations of jumps 0..j
     chunk: Chunk | None = None  # its completions, as filed with the controller
 
     def completed_before(self, j: int) -> int:
@@ -97,29 +99,29 @@ def plan_many(requests: list[Request], exit_tokens: np.ndarray) -> list[Plan]:
     je = eng[first]
     done = np.diff(np.append(first, len(fin)))
     freed = np.add.reduceat(exit_tokens[sid], first)
-    starts = np.searchsorted(je, np.arange(n_eng))  # each engine's first jump
-    count = np.diff(np.append(starts, len(je)))
-    rank = np.arange(len(je)) - starts[je]
+    first_jump = np.searchsorted(je, np.arange(n_eng))  # each engine's first jump
+    count = np.diff(np.append(first_jump, len(je)))
+    rank = np.arange(len(je)) - first_jump[je]
     gone = np.cumsum(done) - done  # completed before this jump, counted across engines
-    b = sizes[je] - (gone - gone[starts][je])
+    b = sizes[je] - (gone - gone[first_jump][je])
     progress = np.array([r.progress for r in requests])
     prev = np.empty_like(fin[first])
     prev[1:] = fin[first][:-1]
-    prev[starts] = progress
+    prev[first_jump] = progress
     k = fin[first] - prev
     grow = b * k - freed
     grown = np.cumsum(grow) - grow
     context = np.array([r.context for r in requests])
-    s = context[je] + (grown - grown[starts][je]).astype(np.float64)  # integers: exact either way
+    s = context[je] + (grown - grown[first_jump][je]).astype(np.float64)  # integers: exact either way
     kv = np.array([r.kv_tokens for r in requests])
     room = np.floor_divide(kv[je] - s, b)
     # each engine's plan ends before its first jump that would overflow, or after its first
     # completion if it must decide then
-    m = np.minimum.reduceat(np.where(room >= k, count[je], rank), starts)
+    m = np.minimum.reduceat(np.where(room >= k, count[je], rank), first_jump)
     stop = np.array([r.stop_at_completion for r in requests])
     m = np.where(stop, np.minimum(m, 1), m)
     for e in np.flatnonzero(m == 0):  # the first jump overflows: run it up to the overflow alone
-        j, r = starts[e], int(room[starts[e]])
+        j, r = first_jump[e], int(room[first_jump[e]])
         k0 = max(1, min(int(k[j]), r)) if r >= 1 else 1
         if k0 != k[j]:
             done[j] = freed[j] = 0
@@ -131,18 +133,21 @@ def plan_many(requests: list[Request], exit_tokens: np.ndarray) -> list[Plan]:
     clock = np.zeros((n_eng, int(m.max()) + 1))
     clock[:, 0] = [r.t0 for r in requests]
     clock[je, rank + 1] = durations
-    ends = np.cumsum(clock, axis=1)[je, rank + 1]
+    clock = np.cumsum(clock, axis=1)
+    starts, ends = clock[je, rank], clock[je, rank + 1]
     after = s + (b * k - freed)
     bounds = np.append(0, np.cumsum(m)).tolist()
     rows = np.append(0, np.cumsum(sizes)).tolist()
     cum = np.cumsum(done)
     offsets = (cum - done)[bounds[:-1]].tolist()
+    ck = np.cumsum(k)
+    k_through = ck - (ck - k)[np.repeat(bounds[:-1], m)]  # integers: exact
     plans = []
     for e, r in enumerate(requests):
         lo, hi, r0, r1 = bounds[e], bounds[e + 1], rows[e], rows[e + 1]
         batch = Batch(sid[r0:r1], fin[r0:r1], joined[r0:r1])
         plans.append(Plan(r.t0, b[lo:hi], s[lo:hi], k[lo:hi], ends[lo:hi], done[lo:hi], after[lo:hi], batch,
-                          cum[lo:hi], offsets[e]))
+                          cum[lo:hi], offsets[e], starts[lo:hi], k_through[lo:hi]))
     return plans
 
 
@@ -162,7 +167,7 @@ def plan_first_jump(r: Request, exit_tokens: np.ndarray) -> Plan:
         n, freed, k = (n, freed, k) if k0 == k else (0, 0, k0)
     end = r.t0 + r.decode.total(b, s0, k)
     return Plan(r.t0, np.array([b]), np.array([s0]), np.array([k]), np.array([end]), np.array([n]),
-                np.array([s0 + (b * k - freed)]), batch, np.array([n]), 0)
+                np.array([s0 + (b * k - freed)]), batch, np.array([n]), 0, np.array([r.t0]), np.array([k]))
 
 
 def _durations(requests: list[Request], je: np.ndarray, b: np.ndarray, s: np.ndarray, k: np.ndarray) -> np.ndarray:
