@@ -69,16 +69,35 @@ class Fleet:
     def __init__(self, env: simpy.Environment, samples: Samples) -> None:
         self.env, self.samples, self.exit_tokens = env, samples, samples.exit_tokens
         self._asking: list[tuple[Engine, bool, simpy.Event]] = []
+        self._loading: dict[float, list[tuple[Engine, tuple[int, float], float, simpy.Event]]] = {}
         self.interrupted: list[tuple[Engine, Plan]] = []  # interrupted plans whose cut is still to work out
         self._cuts: dict[int, Cut] = {}
 
-    def ask(self, engine: Engine, reprefill: bool) -> simpy.Event:
-        """An event that carries the engine's Segment once planned."""
+    def ask(self, engine: Engine, reprefill: bool, event: simpy.Event | None = None) -> simpy.Event:
+        """An event that carries the engine's Segment once planned (`event`, or a new one)."""
         if not self._asking:
             self.env.timeout(0).callbacks.append(self._plan_all)
-        event = self.env.event()
+        event = event if event is not None else self.env.event()
         self._asking.append((engine, reprefill, event))
         return event
+
+    def load(self, engine: Engine) -> simpy.Event:
+        """The engine waits for its pending weights; an event that brings its next Segment. Engines
+        that would wake at the same instant load in one callback, not one simpy event each."""
+        assert engine.update is not None
+        start = self.env.now
+        when = start + (engine.update[1] - start)  # where a timeout of the difference would end
+        if when not in self._loading:
+            self._loading[when] = []
+            timeout_at(self.env, when).callbacks.append(lambda _ev: self._load_all(when))
+        event = self.env.event()
+        self._loading[when].append((engine, engine.update, start, event))
+        return event
+
+    def _load_all(self, when: float) -> None:
+        for engine, request, start, event in self._loading.pop(when):
+            engine._load_weights(request, start)
+            engine._after_load(event)
 
     def _plan_all(self, _event: simpy.Event) -> None:
         asking, self._asking = self._asking, []
@@ -216,14 +235,12 @@ class Engine:
         woken = False
         while True:
             if self.update is not None and (self.interruptible or not len(self.batch)):
-                yield from self._load_weights()
-                reprefill = len(self.batch) > 0
-                if reprefill or not (self.waiting or len(self.inbox)):
-                    # this instant's routing lands before it plans (it admits after the re-prefill, or
-                    # would sleep until the router wakes it): it may be quiet then, and plan with the rest
-                    segment = yield self.fleet.ask(self, reprefill)
+                if self.update[1] > self.env.now:  # engines waiting for the same weights load together
+                    segment = yield self.fleet.load(self)
                 else:
-                    segment = self._prepare(reprefill)
+                    self._load_weights(self.update, self.env.now)
+                    decision = self._after_load()
+                    segment = (yield decision) if isinstance(decision, simpy.Event) else decision
             elif woken and self._quiet():
                 # routed to while idle, as many others are at once: plan together at the end of the
                 # instant (quiet: no more work can come this instant)
@@ -500,13 +517,9 @@ class Engine:
             self.context -= int(s.prompt[sid] + s.generated[sid])
             self.waiting.appendleft(sid)
 
-    def _load_weights(self) -> Generator[simpy.Event, Any, None]:
-        assert self.update is not None
-        request = self.update
-        version, ready_at = request
-        start = self.env.now
-        if ready_at > start:
-            yield self.env.timeout(ready_at - start)
+    def _load_weights(self, request: tuple[int, float], start: float) -> None:
+        """The weights of `request` are in (it was waited for since `start`)."""
+        version = request[0]
         self.rec.interval(self.name, self.group, "weight_load", start, self.env.now, version, len(self.batch))
         if self.update == request:  # a newer request that came in meanwhile stays pending
             self.update = None
@@ -520,3 +533,17 @@ class Engine:
         self.controller.request_dispatch()
         if not len(self.batch):
             self.rec.count()
+
+    def _after_load(self, event: simpy.Event | None = None) -> Segment | simpy.Event:
+        """What to do once loaded: a Segment now, or an event that brings one at the end of the instant.
+
+        It re-prefills, then admits what this instant's routing brings; or, idle, it would sleep until
+        the router wakes it: either way it plans after the routing, with the others that load now.
+        """
+        reprefill = len(self.batch) > 0
+        if reprefill or not (self.waiting or len(self.inbox)):
+            return self.fleet.ask(self, reprefill, event)
+        segment = self._prepare(False)  # admits what it already holds at once, as the reference does
+        if event is not None:
+            event.succeed(segment)
+        return segment
