@@ -46,8 +46,9 @@ class Worker(Protocol):
     def assign(self, sids: np.ndarray) -> None: ...
 
 
-def water_fill(n: int, loads: np.ndarray, caps: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """Engine (row of `keys`) of each of n samples routed in turn to the smallest (keys[e, load+1], e, load).
+def water_fill(n: int, loads: np.ndarray, caps: np.ndarray, keys: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """Engine (index into loads) of each of n samples routed in turn to the smallest
+    (keys[row[e], load + 1], e, load): keys[r, b] is an iteration with b running, shared by engines of a kind.
 
     Each engine's keys must not decrease with load: its candidate slots then come out of the
     one-at-a-time heap in sorted order, so the heap's first n picks are the n smallest candidates.
@@ -58,8 +59,8 @@ def water_fill(n: int, loads: np.ndarray, caps: np.ndarray, keys: np.ndarray) ->
     rows = np.arange(len(loads))
 
     def slots(upto: float) -> np.ndarray:  # slots per engine whose key is <= upto
-        below = (keys[:, 1:] <= upto).sum(axis=1)  # keys rise with load: a count is a position
-        return np.clip(np.minimum(below, caps) - loads, 0, None)
+        below = np.array([np.searchsorted(k[1:], upto, "right") for k in keys])  # keys rise with load
+        return np.clip(np.minimum(below[row], caps) - loads, 0, None)
 
     lo, hi = 0, len(values) - 1
     if slots(values[hi]).sum() > n:
@@ -73,7 +74,7 @@ def water_fill(n: int, loads: np.ndarray, caps: np.ndarray, keys: np.ndarray) ->
     engine = np.repeat(rows, take)
     first = np.cumsum(take) - take
     level = loads[engine] + np.arange(len(engine)) - np.repeat(first, take)
-    order = np.lexsort((level, engine, keys[engine, level + 1]))
+    order = np.lexsort((level, engine, keys[row[engine], level + 1]))
     return engine[order[:n]]
 
 
@@ -100,7 +101,7 @@ class Controller:
         self._short: dict[int, int] = {}
         self._timer = 0  # generation of the trainer's wake-up timer: a newer one voids older ones
         self._retime_pending = False
-        self._keys: np.ndarray | None = None  # router: keys[e, b] = engine e's iteration with b running
+        self._keys: tuple[np.ndarray, np.ndarray] | None = None  # router: see _router_keys
 
     def allowance(self) -> int:
         return min((self.eta + self.version + 1) * self.batch, self._total) - self.admitted
@@ -132,11 +133,11 @@ class Controller:
         idx = np.array(open_)
         loads = np.array([self.engines[i].load() for i in open_])
         caps = np.array([self.engines[i].capacity() for i in open_])
-        keys = self._router_keys()[idx]
+        keys, row_of = self._router_keys()
         if np.all(np.diff(keys, axis=1) >= 0):
-            engine = idx[water_fill(n, loads, caps, keys)]
+            engine = idx[water_fill(n, loads, caps, keys, row_of[idx])]
         else:  # a key that falls with load: route one at a time, as the definition says
-            engine = self._route_one_by_one(n, idx, loads, caps, keys)
+            engine = self._route_one_by_one(n, idx, loads, caps, keys[row_of[idx]])
         n = len(engine)
         sids = np.arange(self.admitted, self.admitted + n)
         self.samples.start_version[sids] = self.version
@@ -151,13 +152,17 @@ class Controller:
         if self._watch_step is not None:  # more samples in flight: the shortfalls change
             self.watch(self._watch_step)
 
-    def _router_keys(self) -> np.ndarray:
+    def _router_keys(self) -> tuple[np.ndarray, np.ndarray]:
+        """Distinct key rows (one per kind of engine) and each engine's row."""
         if self._keys is None:
-            width = max(len(e.mean_iteration_s) for e in self.engines)
-            keys = np.full((len(self.engines), width), np.inf)
-            for i, e in enumerate(self.engines):
-                keys[i, :len(e.mean_iteration_s)] = e.mean_iteration_s
-            self._keys = keys
+            tables = [e.mean_iteration_s for e in self.engines]
+            distinct = list(dict.fromkeys(tables))
+            width = max(len(t) for t in distinct)
+            keys = np.full((len(distinct), width), np.inf)
+            for r, t in enumerate(distinct):
+                keys[r, :len(t)] = t
+            where = {t: r for r, t in enumerate(distinct)}
+            self._keys = (keys, np.array([where[t] for t in tables]))
         return self._keys
 
     @staticmethod
