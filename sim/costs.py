@@ -27,6 +27,8 @@ class DecodeTable:
     # iterations at every completion
     base: tuple[tuple[float, ...], ...] = field(init=False, repr=False)
     slope: tuple[tuple[float, ...], ...] = field(init=False, repr=False)
+    base_arr: np.ndarray = field(init=False, repr=False, compare=False)  # the same, as arrays [b, cell]
+    slope_arr: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         slopes = tuple(tuple((row[c + 1] - row[c]) / self.ds for c in range(len(row) - 1)) for row in self.rows)
@@ -34,8 +36,8 @@ class DecodeTable:
                       for row, sl in zip(self.rows, slopes, strict=True))
         object.__setattr__(self, "slope", slopes)
         object.__setattr__(self, "base", bases)
-        object.__setattr__(self, "_base_arr", np.array(bases))
-        object.__setattr__(self, "_slope_arr", np.array(slopes))
+        object.__setattr__(self, "base_arr", np.array(bases))
+        object.__setattr__(self, "slope_arr", np.array(slopes))
 
     @classmethod
     def build(
@@ -55,7 +57,7 @@ class DecodeTable:
         last = GRID_POINTS - 2
         out, j = 0.0, 0
         while j < k:
-            c = int((s0 + b * j) / ds)  # the grid cell; this runs at every completion
+            c = int((s0 + b * j) / ds)  # the grid cell
             if c >= last:
                 c, j_end = last, k  # the last cell extends to infinity
             else:
@@ -88,14 +90,15 @@ class DecodeTable:
                 j_end = np.ceil(((c + 1) * self.ds - ss) / bb)
             j_end = np.where(tail, kk, np.minimum(kk, np.maximum(jj + 1, j_end).astype(np.int64)))
             n = j_end - jj
-            slope = self._slope_arr[bb, c]  # type: ignore[attr-defined]
-            out[idx] += n * (self._base_arr[bb, c] + slope * ss) + slope * bb * (jj + j_end - 1) * n / 2  # type: ignore[attr-defined]
+            slope = self.slope_arr[bb, c]
+            out[idx] += n * (self.base_arr[bb, c] + slope * ss) + slope * bb * (jj + j_end - 1) * n / 2
             j[idx] = j_end
             idx = idx[j_end < kk]
         return out
 
     def iterations_within(self, b: np.ndarray, s0: np.ndarray, k: np.ndarray, seconds: np.ndarray) -> np.ndarray:
-        """`done_within` of many jumps at once: the same bisection, side by side."""
+        """Per jump, the iterations (<= k) whose end lies at or before `seconds` after its start
+        (a bisection on `totals`, all jumps side by side)."""
         lo, hi = np.zeros(len(k), np.int64), np.asarray(k, np.int64).copy()
         idx = np.flatnonzero(lo < hi)
         while len(idx):
@@ -104,17 +107,6 @@ class DecodeTable:
             lo[idx] = np.where(fits, mid, lo[idx])
             hi[idx] = np.where(fits, hi[idx], mid - 1)
             idx = idx[lo[idx] < hi[idx]]
-        return lo
-
-    def done_within(self, b: int, s0: float, k: int, seconds: float) -> int:
-        """Iterations (<= k) whose end lies at or before `seconds` after the start."""
-        lo, hi = 0, k
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.total(b, s0, mid) <= seconds + 1e-12:
-                lo = mid
-            else:
-                hi = mid - 1
         return lo
 
 
