@@ -35,7 +35,7 @@ KV_WATERMARK = 0.01  # vLLM's block-manager watermark
 EMPTY = np.empty(0, np.int64)
 
 
-@dataclass
+@dataclass(slots=True)
 class Admission:
     """What `_admission` would do now: samples joining, and the queues left behind."""
 
@@ -45,7 +45,7 @@ class Admission:
     fresh: bool = True  # none of them was preempted (all come from the inbox)
 
 
-@dataclass
+@dataclass(slots=True)
 class Segment:
     """What an engine will do next, decided at one instant (see Engine._prepare)."""
 

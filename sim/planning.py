@@ -18,7 +18,7 @@ from sim.costs import DecodeTable
 from sim.pending import Chunk
 
 
-@dataclass
+@dataclass(slots=True)
 class Batch:
     """Running samples. While a plan runs they are sorted by (finish, sid), so completions always
     leave from the front; samples joining are appended, and the next plan sorts them."""
@@ -38,7 +38,7 @@ class Batch:
         return Batch(self.sid[keep], self.finish[keep], self.joined[keep])
 
 
-@dataclass
+@dataclass(slots=True)
 class Plan:
     """Decode jumps from `t0`: jump j runs `b[j]` samples for `k[j]` iterations from total context
     `s[j]`, ends at `ends[j]`, and completes the next `done[j]` samples of the batch."""
@@ -61,7 +61,7 @@ class Plan:
         return int(self.done_through[j - 1]) - self.done_offset if j else 0
 
 
-@dataclass
+@dataclass(slots=True)
 class Request:
     """One engine's batch and state when it plans (see Engine._prepare)."""
 
@@ -182,7 +182,7 @@ def _durations(requests: list[Request], je: np.ndarray, b: np.ndarray, s: np.nda
     return out
 
 
-@dataclass
+@dataclass(slots=True)
 class Cut:
     """Where an interrupted plan stops: after its first `jumps` jumps, then `iterations` of the next,
     which ends `rest` seconds from now."""
