@@ -24,7 +24,6 @@ Row = tuple[str, str, str, float, float, int, int]
 @dataclass
 class Recorder:
     timeline: list[Row] = field(default_factory=list)
-    busy: Counter[str] = field(default_factory=Counter)  # resource -> busy seconds
     queue: list[tuple[float, int, int, int]] = field(default_factory=list)  # time, waiting, in flight, buffered
     staleness_tokens: Counter[int] = field(default_factory=Counter)
     step_ends: list[float] = field(default_factory=list)
@@ -34,6 +33,8 @@ class Recorder:
     events: int = 0
     # intervals filed as arrays: (resource, group, activity, starts, ends, version, samples)
     chunks: list[tuple[str, str, str, np.ndarray, np.ndarray, int, np.ndarray]] = field(default_factory=list)
+    _busy: Counter[str] = field(default_factory=Counter)  # resource -> busy seconds summed so far
+    _busy_parts: dict[str, list[float | np.ndarray]] = field(default_factory=dict)  # not summed yet
 
     def count(self, n: int = 1) -> None:
         """n more simulation events; stops a run that outgrows its budget."""
@@ -45,21 +46,32 @@ class Recorder:
                  samples: int) -> None:
         if end > start:
             self.timeline.append((resource, group, activity, start, end, version, samples))
-            self.busy[resource] += end - start
+            self._busy_parts.setdefault(resource, []).append(end - start)
 
     def intervals(self, resource: str, group: str, activity: str, starts: np.ndarray, ends: np.ndarray,
                   version: int, samples: np.ndarray) -> None:
         """Consecutive intervals of one resource, as `interval` would file them one by one."""
         durations = ends - starts
-        busy = self.busy[resource]
-        for d in durations.tolist():  # the same running sum as one at a time
-            if d > 0:
-                busy += d
-        self.busy[resource] = busy
         keep = durations > 0  # end > start, as `interval` asks
         if not keep.all():
-            starts, ends, samples = starts[keep], ends[keep], samples[keep]
+            starts, ends, samples, durations = starts[keep], ends[keep], samples[keep], durations[keep]
         self.chunks.append((resource, group, activity, starts, ends, version, samples))
+        self._busy_parts.setdefault(resource, []).append(durations)
+
+    @property
+    def busy(self) -> Counter[str]:
+        """Busy seconds per resource: its intervals' lengths added in the order filed, one at a time."""
+        for resource, parts in self._busy_parts.items():
+            total = self._busy[resource]
+            for part in parts:
+                if isinstance(part, float):
+                    total += part
+                else:
+                    for d in part.tolist():
+                        total += d
+            self._busy[resource] = total
+        self._busy_parts = {}
+        return self._busy
 
     def rows(self) -> tuple[Row, ...]:
         """Every interval, in order of end time (ties: in the order filed)."""
