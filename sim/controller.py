@@ -1,4 +1,4 @@
-"""Admission under the staleness bound (AReaL's capacity rule) and the trained-sample buffer.
+"""Admission under the staleness bound (AReaL's capacity rule), the router and the trained-sample buffer.
 
 With trainer version v, batch B and bound eta, at most (eta + v + 1) B samples may ever have been
 admitted. Step s must train every sample started at a version <= s - eta (its oldest token would
@@ -11,7 +11,12 @@ and no token is older than eta versions.
 Admitted samples are routed, one at a time, to the engine running the current weights whose decode
 iteration would be shortest with one more request: a least-load router (as in AReaL and SGLang)
 that knows a mixed fleet's speeds, so work water-fills from the fastest engines. Engines pulling
-on their own would let the first few take the whole staleness allowance.
+on their own would let the first few take the whole staleness allowance. Routing a batch is one
+sort (`water_fill`), not a heap operation per sample.
+
+Samples are ids into `Samples` arrays. Engines file the completions they plan in `pending`; they
+reach the buffer when the controller next looks (`deliver`), and the trainer is woken by one timer
+at the time its step becomes ready (`watch`), not by every completion.
 """
 
 from __future__ import annotations
@@ -24,43 +29,84 @@ from typing import Protocol
 import numpy as np
 import simpy
 
-from sim.sample import Sample
+from sim.clock import timeout_at
+from sim.pending import Chunk, Pending
+from sim.recorder import Recorder
+from sim.samples import Samples
 
 
 class Worker(Protocol):
     """What the router needs to know of a rollout engine."""
 
+    mean_iteration_s: tuple[float, ...]
+
     def accepting(self, version: int) -> bool: ...
     def load(self) -> int: ...
     def capacity(self) -> int: ...
-    def iteration_seconds(self, batch: int) -> float: ...
-    def assign(self, samples: list[Sample]) -> None: ...
+    def assign(self, sids: np.ndarray) -> None: ...
+
+
+def water_fill(n: int, loads: np.ndarray, caps: np.ndarray, keys: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """Engine (index into loads) of each of n samples routed in turn to the smallest
+    (keys[row[e], load + 1], e, load): keys[r, b] is an iteration with b running, shared by engines of a kind.
+
+    Each engine's keys must not decrease with load: its candidate slots then come out of the
+    one-at-a-time heap in sorted order, so the heap's first n picks are the n smallest candidates.
+    A bisection on the key finds how many slots each engine gets; only those are sorted.
+    """
+    values = np.unique(keys[:, 1:])
+    values = values[np.isfinite(values)]
+    rows = np.arange(len(loads))
+
+    def slots(upto: float) -> np.ndarray:  # slots per engine whose key is <= upto
+        below = np.array([np.searchsorted(k[1:], upto, "right") for k in keys])  # keys rise with load
+        return np.clip(np.minimum(below[row], caps) - loads, 0, None)
+
+    lo, hi = 0, len(values) - 1
+    if slots(values[hi]).sum() > n:
+        while lo < hi:  # smallest key value whose slots cover n
+            mid = (lo + hi) // 2
+            if slots(values[mid]).sum() >= n:
+                hi = mid
+            else:
+                lo = mid + 1
+    take = slots(values[hi])
+    engine = np.repeat(rows, take)
+    first = np.cumsum(take) - take
+    level = loads[engine] + np.arange(len(engine)) - np.repeat(first, take)
+    order = np.lexsort((level, engine, keys[row[engine], level + 1]))
+    return engine[order[:n]]
 
 
 class Controller:
-    def __init__(self, env: simpy.Environment, batch: int, eta: int, prompts: np.ndarray, responses: np.ndarray
-                 ) -> None:
+    def __init__(self, env: simpy.Environment, batch: int, eta: int, samples: Samples) -> None:
         self.env = env
         self._dispatch_pending = False
         self.batch = batch
         self.eta = eta
         self.version = 0
         self.admitted = 0
-        self._prompts: list[int] = prompts.tolist()  # plain ints: indexing numpy per sample is slow
-        self._responses: list[int] = responses.tolist()
+        self.samples = samples
+        self._total = len(samples)
         self.in_flight: Counter[int] = Counter()  # start version -> samples admitted, not yet buffered
-        self.buffer: dict[int, list[Sample]] = {}  # start version -> completed samples, not yet trained
+        self.buffer: dict[int, list[np.ndarray]] = {}  # start version -> completed sample ids, not yet trained
+        self.buffered_by: Counter[int] = Counter()
         self.buffered = 0
         self.engines: list[Worker] = []
+        self.pending = Pending()
         self.on_buffer: Callable[[], None] = lambda: None  # the trainer's wake-up
         # while the trainer waits for step `_watch_step`: start version L -> how many more samples of
         # versions <= L must be buffered before that step is ready (see `watch`)
         self._watch_step: int | None = None
         self._short: dict[int, int] = {}
+        self._timer = 0  # generation of the trainer's wake-up timer: a newer one voids older ones
+        self._retime_pending = False
+        self._keys: tuple[np.ndarray, np.ndarray] | None = None  # router: see _router_keys
 
     def allowance(self) -> int:
-        return min((self.eta + self.version + 1) * self.batch - self.admitted, len(self._prompts) - self.admitted)
+        return min((self.eta + self.version + 1) * self.batch, self._total) - self.admitted
 
+    # ---- routing ------------------------------------------------------------------------------
     def request_dispatch(self) -> None:
         """Route at the end of this instant, once every engine whose state changes now has changed.
 
@@ -81,62 +127,105 @@ class Controller:
         n = self.allowance()
         if n <= 0:
             return
-        heap = [
-            (e.iteration_seconds(e.load() + 1), i, e.load()) for i, e in enumerate(self.engines)
-            if e.accepting(self.version) and e.load() < e.capacity()
-        ]
-        heapq.heapify(heap)
-        given: dict[int, list[Sample]] = {}
-        while n > 0 and heap:
-            _, i, load = heap[0]
-            sid = self.admitted
-            given.setdefault(i, []).append(Sample(sid, self._prompts[sid], self._responses[sid], self.version))
-            self.admitted += 1
-            n -= 1
-            e = self.engines[i]
-            if load + 1 < e.capacity():  # heapreplace: pop then push in one sift, same order
-                heapq.heapreplace(heap, (e.iteration_seconds(load + 2), i, load + 1))
-            else:
-                heapq.heappop(heap)
-        for i, samples in given.items():
-            self.in_flight[self.version] += len(samples)
-            self.engines[i].assign(samples)
+        open_ = [i for i, e in enumerate(self.engines) if e.accepting(self.version) and e.load() < e.capacity()]
+        if not open_:
+            return
+        idx = np.array(open_)
+        loads = np.array([self.engines[i].load() for i in open_])
+        caps = np.array([self.engines[i].capacity() for i in open_])
+        keys, row_of = self._router_keys()
+        if np.all(np.diff(keys, axis=1) >= 0):
+            engine = idx[water_fill(n, loads, caps, keys, row_of[idx])]
+        else:  # a key that falls with load: route one at a time, as the definition says
+            engine = self._route_one_by_one(n, idx, loads, caps, keys[row_of[idx]])
+        n = len(engine)
+        sids = np.arange(self.admitted, self.admitted + n)
+        self.samples.start_version[sids] = self.version
+        self.admitted += n
+        self.in_flight[self.version] += n
+        order = np.argsort(engine, kind="stable")
+        ranked, starts = np.unique(engine[order], return_index=True)
+        groups = np.split(sids[order], starts[1:])
+        # engines hear of their work in the order they got their first sample, as one at a time would
+        for g in sorted(range(len(ranked)), key=lambda g: groups[g][0]):
+            self.engines[int(ranked[g])].assign(groups[g])
         if self._watch_step is not None:  # more samples in flight: the shortfalls change
             self.watch(self._watch_step)
 
-    def completed(self, samples: list[Sample]) -> None:
-        for s in samples:
-            self.in_flight[s.start_version] -= 1
-            self.buffer.setdefault(s.start_version, []).append(s)
-        self.buffered += len(samples)
-        if self._watch_step is None:
-            self.on_buffer()
-            return
-        short = self._short
-        for s in samples:
-            for level in [lv for lv in short if lv >= s.start_version]:
-                short[level] -= 1
-                if short[level] == 0:
-                    del short[level]
-        if not short:
-            self.on_buffer()
+    def _router_keys(self) -> tuple[np.ndarray, np.ndarray]:
+        """Distinct key rows (one per kind of engine) and each engine's row."""
+        if self._keys is None:
+            tables = [e.mean_iteration_s for e in self.engines]
+            distinct = list(dict.fromkeys(tables))
+            width = max(len(t) for t in distinct)
+            keys = np.full((len(distinct), width), np.inf)
+            for r, t in enumerate(distinct):
+                keys[r, :len(t)] = t
+            where = {t: r for r, t in enumerate(distinct)}
+            self._keys = (keys, np.array([where[t] for t in tables]))
+        return self._keys
 
+    @staticmethod
+    def _route_one_by_one(n: int, idx: np.ndarray, loads: np.ndarray, caps: np.ndarray, keys: np.ndarray
+                          ) -> np.ndarray:
+        heap = [(float(keys[r, loads[r] + 1]), int(idx[r]), int(loads[r]), r) for r in range(len(idx))]
+        heapq.heapify(heap)
+        out = []
+        while len(out) < n and heap:
+            _, i, load, r = heap[0]
+            out.append(i)
+            if load + 1 < caps[r]:
+                heapq.heapreplace(heap, (float(keys[r, load + 2]), i, load + 1, r))
+            else:
+                heapq.heappop(heap)
+        return np.array(out, dtype=np.int64)
+
+    # ---- completions --------------------------------------------------------------------------
+    def plan(self, times: np.ndarray, sids: np.ndarray) -> Chunk:
+        """An engine will complete `sids` (into the buffer) at `times`, unless it cuts the plan."""
+        chunk = self.pending.add(times, sids, self.samples.start_version[sids])
+        self._retime_soon()
+        return chunk
+
+    def cut(self, chunk: Chunk, keep: int) -> None:
+        self.pending.cut(chunk, keep)
+        self._retime_soon()
+
+    def deliver(self) -> None:
+        """Move the planned completions due by now into the buffer."""
+        sids, versions = self.pending.due(self.env.now)
+        if not len(sids):
+            return
+        levels, counts = np.unique(versions, return_counts=True)
+        for level, n in zip(levels.tolist(), counts.tolist(), strict=True):
+            self.in_flight[level] -= n
+            self.buffered_by[level] += n
+            self.buffer.setdefault(level, []).append(sids[versions == level] if len(levels) > 1 else sids)
+        self.buffered += len(sids)
+        short = self._short
+        for level in list(short):
+            short[level] -= int(counts[levels <= level].sum())
+            if short[level] <= 0:
+                del short[level]
+
+    # ---- the trainer's view -------------------------------------------------------------------
     def watch(self, step: int) -> None:
         """Wake the trainer (on_buffer) only once completions could make `step` ready.
 
         `ready` compares, for each start version L, the samples of versions <= L left untrained with
         what the remaining steps may take; a completion only moves a sample from in flight to the
         buffer, so untrained(L) = total(L) - min(B, buffered(L)) and the condition is a count per L:
-        buffered(L) >= total(L) - allowed(L), and buffered(step) >= B. Each completion at version v
-        lowers the shortfall of every L >= v by one, so checking costs O(eta) per completion, and
-        `ready` itself runs once. The trainer still confirms with `ready`; admissions recompute this.
+        buffered(L) >= total(L) - allowed(L), and buffered(step) >= B. The planned completions say
+        when those counts are met; one timer wakes the trainer then, reset whenever plans change.
+        The trainer still confirms with `ready`; admissions recompute this.
         """
+        self.deliver()
         self._watch_step = step
         self._short = {}
-        levels = [lv for lv, n in self.in_flight.items() if n > 0] + [lv for lv, b in self.buffer.items() if b]
+        levels = [lv for lv, n in self.in_flight.items() if n > 0] + [lv for lv, b in self.buffered_by.items() if b]
         total = buffered = 0
         for level in range(min(levels, default=step), step + 1):
-            here = len(self.buffer.get(level, ()))
+            here = self.buffered_by.get(level, 0)
             total += self.in_flight.get(level, 0) + here
             buffered += here
             need = total - max(0, level + self.eta - step) * self.batch
@@ -144,15 +233,45 @@ class Controller:
                 need = max(need, self.batch)
             if need > buffered:
                 self._short[level] = need - buffered
+        self._retime()
 
     def unwatch(self) -> None:
         self._watch_step, self._short = None, {}
+        self._timer += 1
+
+    def _retime_soon(self) -> None:
+        """Plans changed: reset the trainer's timer at the end of this instant (once for many engines)."""
+        if self._watch_step is not None and not self._retime_pending:
+            self._retime_pending = True
+            self.env.timeout(0).callbacks.append(self._retime_now)
+
+    def _retime_now(self, _event: simpy.Event) -> None:
+        self._retime_pending = False
+        if self._watch_step is not None:
+            self.deliver()
+            self._retime()
+
+    def _retime(self) -> None:
+        self._timer += 1
+        when = self.pending.kth_time(self._short)
+        if when < float("inf"):
+            generation = self._timer
+            timeout_at(self.env, when).callbacks.append(lambda _ev: self._ring(generation))
+
+    def _ring(self, generation: int) -> None:
+        if generation != self._timer or self._watch_step is None:
+            return
+        self.deliver()
+        if not self._short:
+            self.on_buffer()
+        if self._watch_step is not None and generation == self._timer:  # not ready yet: the next due time
+            self._retime()
 
     def _batch_levels(self) -> dict[int, int]:
         """How many samples of each start version the next batch (the B oldest) takes."""
         out, need = {}, self.batch
-        for level in sorted(self.buffer):
-            n = min(need, len(self.buffer[level]))
+        for level in sorted(self.buffered_by):
+            n = min(need, self.buffered_by[level])
             if n:
                 out[level], need = n, need - n
             if need == 0:
@@ -161,12 +280,13 @@ class Controller:
 
     def ready(self, step: int) -> bool:
         """Step `step` may train the B oldest buffered samples without breaking the bound later."""
+        self.deliver()
         if self.buffered < self.batch:
             return False
         taken = self._batch_levels()
         untrained: Counter[int] = Counter(self.in_flight)
-        for level, samples in self.buffer.items():
-            untrained[level] += len(samples) - taken.get(level, 0)
+        for level, n in self.buffered_by.items():
+            untrained[level] += n - taken.get(level, 0)
         left = 0
         for level in range(min((v for v, n in untrained.items() if n > 0), default=step), step + 1):
             left += untrained.get(level, 0)
@@ -174,16 +294,28 @@ class Controller:
                 return False
         return True
 
-    def take(self) -> list[Sample]:
+    def take(self) -> np.ndarray:
         """The B oldest buffered samples, by start version then sample id."""
-        batch: list[Sample] = []
+        self.deliver()
+        batch: list[np.ndarray] = []
         for level, n in self._batch_levels().items():
-            pool = sorted(self.buffer.pop(level), key=lambda s: s.sid)
-            batch.extend(pool[:n])
-            if pool[n:]:
-                self.buffer[level] = pool[n:]
-        self.buffered -= len(batch)
-        return batch
+            pool = np.sort(np.concatenate(self.buffer.pop(level)))
+            batch.append(pool[:n])
+            if n < len(pool):
+                self.buffer[level] = [pool[n:]]
+            self.buffered_by[level] -= n
+            if not self.buffered_by[level]:
+                del self.buffered_by[level]
+        out = np.concatenate(batch)
+        self.buffered -= len(out)
+        return out
+
+    def train(self, step: int, rec: Recorder) -> tuple[int, int]:
+        """Hand the next batch to step `step`: (samples, tokens); their staleness is tallied at the end."""
+        batch = self.take()
+        self.samples.trained_step[batch] = step
+        rec.trained_ids.extend(batch.tolist())
+        return len(batch), int(self.samples.exit_tokens[batch].sum())
 
     def new_version(self, version: int) -> None:
         self.version = version

@@ -1,57 +1,193 @@
-"""A rollout engine under continuous batching.
+"""A rollout engine under continuous batching, planned ahead in closed form.
 
-Between two events the running batch is fixed, so the engine jumps straight to the next
-completion (or to the iteration where its KV cache would overflow) with a closed-form sum of
-iteration times. An admission opening up or a weight update interrupts the jump at the next
-iteration boundary. Events grow with samples, not tokens. `token_level=True` takes one event per
-iteration instead: the reference the fast path is checked against.
+Between events the running batch is fixed, so the engine does not step through its samples one by
+one: it plans every completion until it would next have a decision to take (its batch drains, its
+KV cache would overflow, or, when new work could reach it, its next completion) as numpy arrays:
+the jumps between completions, each a closed-form sum of iteration times (sim.planning). It files
+the planned completions with the controller and sleeps until the plan ends. A weight update or new
+requests interrupt it; it then finishes the iteration in progress and keeps only what happened.
+
+When nothing can reach it but an interrupt ("quiet": no staleness allowance left to route, no update
+pending) it also plans its KV re-prefill and the prefill of what it admits, and sleeps through them
+too. Engines that load new weights in the same instant plan together (`Fleet`: one set of arrays),
+and plans interrupted in the same instant are cut together. The reference it is checked against
+is sim.reference (one event per decode iteration).
 """
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Generator
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import simpy
 
+from sim.clock import timeout_at
 from sim.controller import Controller
 from sim.costs import DecodeTable, PrefillCurve
+from sim.planning import Batch, Cut, Plan, Request, cut_many, plan_first_jump, plan_many
 from sim.recorder import Recorder
-from sim.sample import Sample
+from sim.samples import Samples
 
 KV_WATERMARK = 0.01  # vLLM's block-manager watermark
+EMPTY = np.empty(0, np.int64)
+
+
+@dataclass(slots=True)
+class Admission:
+    """What `_admission` would do now: samples joining, and the queues left behind."""
+
+    sids: np.ndarray
+    waiting: deque[int]
+    inbox: np.ndarray
+    fresh: bool = True  # none of them was preempted (all come from the inbox)
+
+
+@dataclass(slots=True)
+class Segment:
+    """What an engine will do next, decided at one instant (see Engine._prepare)."""
+
+    quiet: bool
+    start: float
+    reprefill_end: float | None  # KV re-prefill after loading weights, if any
+    admission: Admission
+    joined: tuple[Batch, float] | None  # batch and KV context once admitted, if any are
+    prefill_end: float | None
+    request: Request | None  # the decode plan to make, if any
+    plan: Plan | None = None
+
+
+class Fleet:
+    """Engines that would plan in the same instant plan together (one set of numpy arrays).
+
+    Engines loading the same weights finish at the same time; each asks here, and at the end of
+    the instant, once the router has sent this instant's work, all of them prepare and plan at once.
+    """
+
+    def __init__(self, env: simpy.Environment, samples: Samples) -> None:
+        self.env, self.samples, self.exit_tokens = env, samples, samples.exit_tokens
+        self._asking: list[tuple[Engine, bool, simpy.Event]] = []
+        self._loading: dict[float, list[tuple[Engine, tuple[int, float], float, simpy.Event]]] = {}
+        self.interrupted: list[tuple[Engine, Plan]] = []  # interrupted plans whose cut is still to work out
+        self._cuts: dict[int, Cut] = {}
+
+    def ask(self, engine: Engine, reprefill: bool, event: simpy.Event | None = None) -> simpy.Event:
+        """An event that carries the engine's Segment once planned (`event`, or a new one)."""
+        if not self._asking:
+            self.env.timeout(0).callbacks.append(self._plan_all)
+        event = event if event is not None else self.env.event()
+        self._asking.append((engine, reprefill, event))
+        return event
+
+    def load(self, engine: Engine) -> simpy.Event:
+        """The engine waits for its pending weights; an event that brings its next Segment. Engines
+        that would wake at the same instant load in one callback, not one simpy event each."""
+        assert engine.update is not None
+        start = self.env.now
+        when = start + (engine.update[1] - start)  # where a timeout of the difference would end
+        if when not in self._loading:
+            self._loading[when] = []
+            timeout_at(self.env, when).callbacks.append(lambda _ev: self._load_all(when))
+        event = self.env.event()
+        self._loading[when].append((engine, engine.update, start, event))
+        return event
+
+    def _load_all(self, when: float) -> None:
+        for engine, request, start, event in self._loading.pop(when):
+            engine._load_weights(request, start)
+            engine._after_load(event)
+
+    def _plan_all(self, _event: simpy.Event) -> None:
+        asking, self._asking = self._asking, []
+        segments = self._prepare_all([(engine, reprefill) for engine, reprefill, _ in asking])
+        self.plan(segments)
+        for (_, _, event), segment in zip(asking, segments, strict=True):
+            if segment.request is not None and segment.request.new is not None:  # see _prepare_routed
+                segment.joined = (segment.plan.batch, segment.joined[1])  # type: ignore[union-attr,index]
+            event.succeed(segment)
+
+    def _prepare_all(self, asking: list[tuple[Engine, bool]]) -> list[Segment]:
+        """Engine._prepare for many engines; the usual case (quiet, nothing preempted waiting, routed
+        requests that all fit) as one set of arrays, any other engine on its own."""
+        out: list[Segment | None] = [None] * len(asking)
+        common = []
+        for i, (e, reprefill) in enumerate(asking):
+            if e._quiet() and not e.waiting and len(e.inbox) > 0 and len(e.batch) < e.max_batch:
+                common.append(i)
+            else:
+                out[i] = e._prepare(reprefill)
+        if common:
+            engines = [asking[i][0] for i in common]
+            heads = [e.inbox[:e.max_batch - len(e.batch)] for e in engines]
+            sizes = np.array([len(h) for h in heads])
+            which = np.repeat(np.arange(len(engines)), sizes)
+            ids = np.concatenate(heads)
+            prompt = self.samples.prompt[ids]
+            context = np.array([e.context for e in engines])
+            room = np.array([e.kv_tokens * (1 - KV_WATERMARK) for e in engines])
+            fits = context[which] + prompt + 1 <= room[which]
+            firsts = np.cumsum(sizes) - sizes
+            fits[firsts[[not len(e.batch) for e in engines]]] = True  # an empty engine always takes one
+            tokens = np.add.reduceat(prompt, firsts).tolist()
+            finish = np.array([e.progress for e in engines])[which] + self.samples.response[ids]
+            misfit = np.bincount(which[~fits], minlength=len(engines)).tolist()
+            bounds = np.append(firsts, len(ids)).tolist()
+            for n, i in enumerate(common):
+                e, reprefill = asking[i]
+                if misfit[n]:  # one does not fit: it waits, first in line; the engine works that out
+                    out[i] = e._prepare(reprefill)
+                    continue
+                lo, hi = bounds[n], bounds[n + 1]
+                new = Batch(ids[lo:hi], finish[lo:hi], np.full(hi - lo, e.progress, np.int64))
+                out[i] = e._prepare_routed(reprefill, new, tokens[n])
+        return out  # type: ignore[return-value]
+
+    def cut(self, engine: Engine, plan: Plan) -> Cut:
+        """Where the engine's interrupted plan stops; worked out for all interrupted in this instant."""
+        if id(engine) not in self._cuts:
+            now = self.env.now
+            todo = [(e, p) for e, p in self.interrupted if id(e) not in self._cuts]
+            self.interrupted = []
+            cuts = cut_many([(plan, e.decode) for e, plan in todo], now)
+            self._cuts.update((id(e), c) for (e, _), c in zip(todo, cuts, strict=True))
+        return self._cuts.pop(id(engine))
+
+    def plan(self, segments: list[Segment]) -> None:
+        wanted = [sg for sg in segments if sg.request is not None]
+        if len(wanted) == 1 and wanted[0].request.stop_at_completion and wanted[0].request.new is None:  # type: ignore[union-attr]
+            wanted[0].plan = plan_first_jump(wanted[0].request, self.exit_tokens)  # type: ignore[arg-type]
+        elif wanted:
+            plans = plan_many([sg.request for sg in wanted], self.exit_tokens)  # type: ignore[misc]
+            for sg, plan in zip(wanted, plans, strict=True):
+                sg.plan = plan
 
 
 class Engine:
     def __init__(
         self, env: simpy.Environment, name: str, group: str, decode: DecodeTable, prefill: PrefillCurve,
-        max_batch: int, kv_tokens: float, controller: Controller, recorder: Recorder,
-        finish: Callable[[list[Sample]], None],
-        *, mean_iteration_s: tuple[float, ...], interruptible: bool, token_level: bool = False,
+        max_batch: int, kv_tokens: float, controller: Controller, recorder: Recorder, fleet: Fleet,
+        reward_seconds: float, *, mean_iteration_s: tuple[float, ...], interruptible: bool,
     ) -> None:
         self.env, self.name, self.group = env, name, group
         self.decode, self.prefill = decode, prefill
         self.max_batch, self.kv_tokens = max_batch, kv_tokens
-        self.controller, self.rec, self.finish = controller, recorder, finish
-        self.interruptible, self.token_level = interruptible, token_level
+        self.controller, self.rec, self.fleet, self.reward_seconds = controller, recorder, fleet, reward_seconds
+        self.samples: Samples = controller.samples
+        self.interruptible = interruptible
         self.mean_iteration_s = mean_iteration_s
         self.version = 0
         self.progress = 0  # decode iterations run so far
         self.context = 0.0  # total tokens held in the KV cache by running samples
-        self.heap: list[tuple[int, int, Sample]] = []  # (progress at which it finishes, sid, sample)
-        self.running: dict[int, Sample] = {}
-        self.waiting: deque[Sample] = deque()  # preempted samples, first in line
-        self.inbox: deque[Sample] = deque()  # routed here, not yet admitted
-        self.version_log: list[tuple[int, int]] = [(0, 0)]  # (progress, version) from then on
-        # progress at the last weight load: its KV re-prefill makes every sample running then count
-        # as joined then, for the newest-first preemption order (their tokens are credited lazily)
-        self.reloaded_at = 0
+        self.batch = Batch(EMPTY, EMPTY, EMPTY)
+        self.waiting: deque[int] = deque()  # preempted samples, first in line
+        self.inbox = EMPTY  # routed here, not yet admitted
         self.update: tuple[int, float] | None = None  # (version, time the new weights are in)
         self._wake: simpy.Event | None = None  # idle: waiting for work
-        self._jump_end: float | None = None  # decoding: when the jump in progress would end
-        self._interrupted = False  # an interrupt is on its way to the jump in progress
+        self._plan: Plan | None = None  # decoding: the plan in progress
+        self._phases: Segment | None = None  # its prefills, while time has not passed them all
+        self._interrupted = False  # an interrupt is on its way to the plan in progress
         controller.engines.append(self)
         self.proc = env.process(self.run())
 
@@ -61,18 +197,23 @@ class Engine:
         return self.update is None and self.version == version
 
     def load(self) -> int:
-        return len(self.running) + len(self.waiting) + len(self.inbox)
+        self._catch_up()
+        running = len(self.batch)
+        if self._plan is not None:  # samples whose jump has ended are gone already
+            running -= self._plan.completed_before(int(np.searchsorted(self._plan.ends, self.env.now, "right")))
+        return running + len(self.waiting) + len(self.inbox)
 
     def capacity(self) -> int:
         return self.max_batch
 
-    def iteration_seconds(self, batch: int) -> float:
-        """A decode iteration of `batch` mean-length samples: what the router balances."""
-        return self.mean_iteration_s[min(batch, len(self.mean_iteration_s) - 1)]
+    def queued(self) -> int:
+        """Samples waiting for admission (the queue plot)."""
+        self._catch_up()
+        return len(self.waiting) + len(self.inbox)
 
-    def assign(self, samples: list[Sample]) -> None:
+    def assign(self, sids: np.ndarray) -> None:
         """The router sent requests: stop at the next iteration boundary and admit them."""
-        self.inbox.extend(samples)
+        self.inbox = np.concatenate((self.inbox, sids)) if len(self.inbox) else sids
         self._interrupt()
 
     def request_update(self, version: int, ready_at: float) -> None:
@@ -82,164 +223,327 @@ class Engine:
     def _interrupt(self) -> None:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
-        elif self._jump_end is not None and not self._interrupted and self.env.now < self._jump_end:
-            # a jump that ends this very instant is not cut short: the engine stops there anyway
+        elif self._plan is not None and not self._interrupted and self.env.now < self._plan.ends[-1]:
+            # a plan that ends this very instant is not cut short: the engine stops there anyway
             self._interrupted = True
+            if self.env.now >= self._plan.t0:  # decoding already, not still in a prefill
+                self.fleet.interrupted.append((self, self._plan))
             self.proc.interrupt()
 
     # ---- the loop -------------------------------------------------------------------------
     def run(self) -> Generator[simpy.Event, Any, None]:
+        woken = False
         while True:
-            if self.update is not None and (self.interruptible or not self.running):
-                yield from self._load_weights()
-            admitted = self._admit()
-            if admitted:
-                yield from self._prefill(admitted)
-                continue  # an update may have arrived during prefill
-            if not self.running:
+            if self.update is not None and (self.interruptible or not len(self.batch)):
+                if self.update[1] > self.env.now:  # engines waiting for the same weights load together
+                    segment = yield self.fleet.load(self)
+                else:
+                    self._load_weights(self.update, self.env.now)
+                    decision = self._after_load()
+                    segment = (yield decision) if isinstance(decision, simpy.Event) else decision
+            elif woken and self._quiet():
+                # routed to while idle, as many others are at once: plan together at the end of the
+                # instant (quiet: no more work can come this instant)
+                segment = yield self.fleet.ask(self, False)
+            else:
+                segment = self._prepare(False)
+            woken = False
+            if segment.plan is None and segment.request is not None:
+                self.fleet.plan([segment])
+            if not (yield from self._run(segment)):
                 self._wake = self.env.event()
                 yield self._wake
-                self._wake = None
-                continue
-            yield from self._decode()
+                self._wake, woken = None, True
 
-    def _admit(self) -> list[Sample]:
-        # a non-interruptible engine drains before it loads new weights
-        if self.update is not None or not (self.waiting or self.inbox):
-            return []
-        new: list[Sample] = []
-        while self.waiting and self._fits(self.waiting[0], len(new)):
-            new.append(self.waiting.popleft())
-        while self.inbox and not self.waiting and len(self.running) + len(new) < self.max_batch:
-            s = self.inbox.popleft()
-            if self._fits(s, len(new)):
-                new.append(s)
-            else:
-                self.waiting.append(s)
-        for s in new:
-            self.context += s.prompt + s.generated
-            s.joined_at = self.progress
-            self.running[s.sid] = s
-            heapq.heappush(self.heap, (self.progress + s.response - s.generated, s.sid, s))
-        return new
+    def _quiet(self) -> bool:
+        """Nothing but an interrupt can reach this engine: it may plan past its next decisions."""
+        return self.update is None and self.controller.allowance() <= 0
 
-    def _fits(self, s: Sample, pending: int) -> bool:
-        if len(self.running) + pending >= self.max_batch:
+    def _prepare(self, reprefill: bool) -> Segment:
+        """KV re-prefill, admission and prefill, then decode: as far as the engine can see now.
+
+        When quiet, all of it is decided now (and the decode plan's completions filed at once).
+        Otherwise only the first of them: then the loop looks again (new requests or an update may
+        be waiting by then).
+        """
+        quiet = self._quiet()
+        t = self.env.now
+        reprefill_end = None
+        if reprefill:
+            reprefill_end = t = t + self.prefill(self.context)
+        admission = self._admission()
+        joined, prefill_end = None, None
+        if len(admission.sids) and (quiet or not reprefill):
+            batch, context, tokens = self._joined(admission.sids, fresh=admission.fresh)
+            joined = (batch, context)
+            prefill_end = t = t + self.prefill(tokens)
+        else:
+            batch, context = self.batch, self.context
+        request = None
+        if len(batch) and (quiet or not (reprefill or len(admission.sids))):
+            # after a completion the engine would admit what waits, or what new requests bring
+            stop = not quiet or bool(admission.waiting) or len(admission.inbox) > 0
+            request = Request(batch, self.progress, context, t, self.kv_tokens, self.decode, stop)
+        return Segment(quiet, self.env.now, reprefill_end, admission, joined, prefill_end, request)
+
+    def _prepare_routed(self, reprefill: bool, new: Batch, tokens: int) -> Segment:
+        """`_prepare` when quiet with nothing preempted waiting, and `new` (the inbox's head) all fits."""
+        now = self.env.now
+        reprefill_end = now + self.prefill(self.context) if reprefill else None
+        context = self.context + tokens
+        prefill_end = t = (now if reprefill_end is None else reprefill_end) + self.prefill(tokens)
+        inbox = self.inbox[len(new):]
+        admission = Admission(new.sid, self.waiting, inbox)
+        joined = (new, context)  # Fleet._plan_all puts the whole batch, as the plan sorted it, in here
+        request = Request(self.batch, self.progress, context, t, self.kv_tokens, self.decode, len(inbox) > 0, new)
+        return Segment(True, now, reprefill_end, admission, joined, prefill_end, request)
+
+    def _run(self, sg: Segment) -> Generator[simpy.Event, Any, bool]:
+        """Carry out a segment; an update arriving during a prefill voids the rest. False: idle."""
+        if sg.plan is not None and sg.plan.done.any():
+            n = int(sg.plan.done.sum())
+            sg.plan.chunk = self.controller.plan(np.repeat(sg.plan.ends, sg.plan.done) + self.reward_seconds,
+                                                 sg.plan.batch.sid[:n])
+        if sg.quiet and sg.plan is not None:
+            # its prefills need no events of their own: they happen inside the plan's one wait, and
+            # are recorded as time passes them (`_catch_up`)
+            self._phases = sg
+            yield from self._decode(sg.plan)
+            return True
+        if sg.reprefill_end is not None:
+            yield timeout_at(self.env, sg.reprefill_end)
+            self._reprefilled(sg)
+            if not sg.quiet or self.update is not None:
+                self._drop(sg.plan)
+                return True
+        if sg.joined is not None:
+            self._admit(sg.admission, *sg.joined)
+            yield timeout_at(self.env, sg.prefill_end)  # type: ignore[arg-type]
+            self._prefilled(sg)
+            if not sg.quiet or self.update is not None:
+                self._drop(sg.plan)
+                return True
+        if sg.plan is None:
+            return sg.reprefill_end is not None or sg.joined is not None
+        yield from self._decode(sg.plan)
+        return True
+
+    def _reprefilled(self, sg: Segment) -> None:
+        self.rec.interval(self.name, self.group, "reprefill", sg.start, sg.reprefill_end, self.version,  # type: ignore[arg-type]
+                          len(self.batch))
+        self.rec.count()
+
+    def _prefilled(self, sg: Segment) -> None:
+        start = sg.start if sg.reprefill_end is None else sg.reprefill_end
+        self.rec.count()
+        self.rec.interval(self.name, self.group, "prefill", start, sg.prefill_end, self.version,  # type: ignore[arg-type]
+                          len(sg.admission.sids))
+
+    def _catch_up(self) -> None:
+        """The prefills of the plan in progress that time has reached have happened: the re-prefill
+        ends, then what it admits joins (the queues change), then their prefill ends."""
+        sg, now = self._phases, self.env.now
+        if sg is None:
+            return
+        if sg.reprefill_end is not None:
+            if now < sg.reprefill_end:
+                return
+            self._reprefilled(sg)
+            sg.reprefill_end, sg.start = None, sg.reprefill_end
+        if sg.joined is not None:
+            self._admit(sg.admission, *sg.joined)
+            sg.joined = None
+        if sg.prefill_end is not None:
+            if now < sg.prefill_end:
+                return
+            self._prefilled(sg)
+            sg.prefill_end = None
+        self._phases = None
+
+    def _finish_prefills(self, plan: Plan) -> Generator[simpy.Event, Any, None]:
+        """An update came during a prefill: that prefill completes, the rest of the plan does not (the
+        engine loads the new weights first, as the reference does)."""
+        sg = self._phases
+        assert sg is not None
+        self._drop(plan)
+        if sg.reprefill_end is not None:  # still re-prefilling: nothing is admitted before the load
+            sg.joined, sg.prefill_end = None, None
+            yield timeout_at(self.env, sg.reprefill_end)
+        else:
+            yield timeout_at(self.env, sg.prefill_end)  # type: ignore[arg-type]
+        self._catch_up()
+
+    # ---- admission ------------------------------------------------------------------------
+    def _admission(self) -> Admission:
+        """Which waiting, then routed, samples join the batch now (vLLM admits while KV room lasts)."""
+        waiting, inbox = self.waiting, self.inbox
+        if self.update is not None or not (waiting or len(inbox)):  # a draining engine admits nothing
+            return Admission(EMPTY, waiting, inbox)
+        s = self.samples
+        running = len(self.batch)
+        room = self.kv_tokens * (1 - KV_WATERMARK)
+        new: list[int] = []
+        if waiting:
+            waiting = deque(waiting)
+            while waiting and self._fits(running, len(new), int(s.prompt[waiting[0]] + s.generated[waiting[0]]),
+                                         room):
+                new.append(waiting.popleft())
+        ids = np.array(new, dtype=np.int64) if new else EMPTY
+        if not waiting and len(inbox):
+            # routed samples in order while the batch has room and each fits; the first that does
+            # not fit waits (it is first in line then), and the rest stay in the inbox
+            head = inbox[:max(0, self.max_batch - running - len(new))]
+            fits = self.context + s.prompt[head] + 1 <= room  # routed samples have generated nothing yet
+            if running == 0 and not new and len(head):
+                fits[0] = True  # an empty engine always takes one, however long
+            n = len(head) if fits.all() else int(np.argmin(fits))
+            ids = np.concatenate((ids, head[:n])) if new else head[:n]
+            if n < len(head):
+                waiting = deque([int(head[n])])
+                n += 1
+            inbox = inbox[n:]
+        return Admission(ids, waiting, inbox, fresh=not new)
+
+    def _fits(self, running: int, pending: int, tokens: int, room: float) -> bool:
+        if running + pending >= self.max_batch:
             return False
         # vLLM admits only while a watermark of the cache stays free (1% of blocks): a preempted
         # sample re-admitted with one token to spare would overflow and be preempted again at once
-        room = self.kv_tokens * (1 - KV_WATERMARK)
-        return (not self.running and not pending) or self.context + s.prompt + s.generated + 1 <= room
+        return (not running and not pending) or self.context + tokens + 1 <= room
 
-    def _prefill(self, samples: list[Sample]) -> Generator[simpy.Event, Any, None]:
-        tokens = sum(s.prompt + s.generated for s in samples)
-        start = self.env.now
-        yield self.env.timeout(self.prefill(tokens))
-        self.rec.count()
-        self.rec.interval(self.name, self.group, "prefill", start, self.env.now, self.version, len(samples))
-
-    def _decode(self) -> Generator[simpy.Event, Any, None]:
-        b = len(self.running)
-        to_finish = self.heap[0][0] - self.progress
-        # iterations until the KV cache would overflow (each adds b tokens)
-        room = int((self.kv_tokens - self.context) // b)
-        k = max(1, min(to_finish, room)) if room >= 1 else 1
-        if self.token_level:
-            k = 1
-        start = self.env.now
-        duration = self.decode.total(b, self.context, k)
-        if self.token_level:
-            yield self.env.timeout(duration)
+    def _joined(self, ids: np.ndarray, fresh: bool) -> tuple[Batch, float, int]:
+        """The batch, KV context and prefill tokens once `ids` have joined (`fresh`: none was preempted)."""
+        s = self.samples
+        if fresh:  # routed samples: nothing generated yet
+            tokens, finish = int(s.prompt[ids].sum()), self.progress + s.response[ids]
         else:
-            # Process.interrupt rather than waiting on `timeout | wake`: interrupts are rare, and a
-            # condition event per jump costs more than the rest of the jump
-            self._jump_end = start + duration
-            try:
-                yield self.env.timeout(duration)
-            except simpy.Interrupt:  # finish the iteration in progress, then stop
-                elapsed = self.env.now - start
-                j = self.decode.done_within(b, self.context, k, elapsed)
-                # the iteration in progress always completes, even one that started this instant
-                if j == 0 or self.decode.total(b, self.context, j) < elapsed - 1e-12:
-                    j += 1
-                k = min(k, j)
-                rest = self.decode.total(b, self.context, k) - elapsed
-                if rest > 0:
-                    yield self.env.timeout(rest)
-            finally:
-                self._jump_end, self._interrupted = None, False
-        self.rec.count()
-        self.rec.interval(self.name, self.group, "decode", start, self.env.now, self.version, b)
-        self.progress += k
-        self.context += b * k
-        self._complete()
+            generated = s.generated[ids]
+            tokens = int(s.prompt[ids].sum() + generated.sum())
+            finish = self.progress + s.response[ids] - generated
+        joined = np.full(len(ids), self.progress, np.int64)
+        batch = self.batch.plus(ids, finish, joined) if len(self.batch) else Batch(ids, finish, joined)
+        # integers all along: the sum is exact, whatever the order the reference adds them in
+        return batch, self.context + tokens, tokens
+
+    def _admit(self, admission: Admission, batch: Batch, context: float) -> None:
+        self.waiting, self.inbox = admission.waiting, admission.inbox
+        self.batch, self.context = batch, context
+
+    # ---- decoding -------------------------------------------------------------------------
+    def _drop(self, plan: Plan | None) -> None:
+        if plan is not None and plan.chunk is not None:
+            self.controller.cut(plan.chunk, 0)
+
+    def _decode(self, plan: Plan) -> Generator[simpy.Event, Any, None]:
+        self._plan = plan
+        if self._phases is None:
+            self._start_decoding(plan)
+        try:
+            yield timeout_at(self.env, float(plan.ends[-1]))
+        except simpy.Interrupt:  # finish the iteration in progress, then stop
+            self._plan = None
+            self._catch_up()
+            if self._phases is not None:
+                yield from self._finish_prefills(plan)
+                return
+            self._start_decoding(plan)
+            yield from self._cut(plan)
+            return
+        finally:
+            self._plan, self._interrupted = None, False
+        self._catch_up()
+        self._start_decoding(plan)
+        self._commit(plan, len(plan.k))
         self._preempt()
 
-    def _complete(self) -> None:
-        done: list[Sample] = []
-        heap, running, progress = self.heap, self.running, self.progress
-        while heap and heap[0][0] <= progress:
-            _, sid, s = heapq.heappop(heap)
-            if running.get(sid) is not s:
-                continue  # stale heap entry of a preempted sample
-            self._settle(s)
-            del running[sid]
-            self.context -= s.prompt + s.generated
-            done.append(s)
-        if done:
-            self.finish(done)
-            self.controller.request_dispatch()
+    def _start_decoding(self, plan: Plan) -> None:
+        assert len(plan.batch) == len(self.batch)  # the same samples, sorted by the plan
+        self.batch = plan.batch
 
-    def _settle(self, s: Sample) -> None:
-        """Credit the tokens generated since it joined, split by the policy version that made them."""
-        joined = s.joined_at
-        end = min(self.progress, joined + (s.response - s.generated))
-        from_progress, version = self.version_log[-1]
-        if from_progress <= joined:  # the usual case: one version made them all
-            s.add_tokens(version, end - joined)
-            s.joined_at = end
+    def _cut(self, plan: Plan) -> Generator[simpy.Event, Any, None]:
+        """Interrupted now: keep what happened, finish the iteration in progress (sim.planning.cut_many)."""
+        cut = self.fleet.cut(self, plan)
+        j, done, rest = cut.jumps, cut.iterations, cut.rest
+        if plan.chunk is not None:
+            self.controller.cut(plan.chunk, plan.completed_before(j))
+        self._commit(plan, j)
+        start = float(plan.ends[j - 1]) if j else plan.t0
+        b, k = int(plan.b[j]), int(plan.k[j])
+        if rest > 0:
+            yield self.env.timeout(rest)
+        self.rec.count()
+        self.rec.interval(self.name, self.group, "decode", start, self.env.now, self.version, b)
+        self.progress += done
+        self.context += b * done
+        finished = int(plan.done[j]) if done == k else 0
+        if finished:  # it ends now, not when planned: file the completions again, at now
+            sids = self.batch.sid[:finished]
+            self.context -= float(self.samples.exit_tokens[sids].sum())
+            self.controller.plan(np.full(finished, self.env.now + self.reward_seconds), sids)
+            self._complete(finished, now=True)
+        self._preempt()
+
+    def _commit(self, plan: Plan, j: int) -> None:
+        """The first j jumps of the plan have happened: count them, record them, complete their samples."""
+        if not j:
             return
-        # walk back from the newest version: only those loaded since it joined made its tokens, so
-        # the cost does not grow with the number of steps run
-        pieces: list[tuple[int, int]] = []
-        until = end
-        for from_progress, version in reversed(self.version_log):
-            lo = max(joined, from_progress)
-            if until > lo:
-                pieces.append((version, until - lo))
-            if from_progress <= joined:
-                break
-            until = min(end, from_progress)
-        for version, n in reversed(pieces):
-            s.add_tokens(version, n)
-        s.joined_at = end
+        self.rec.count(j)
+        self.rec.intervals(self.name, self.group, "decode", plan.starts[:j], plan.ends[:j], self.version, plan.b[:j])
+        self.progress += int(plan.k_through[j - 1])
+        self.context = float(plan.after[j - 1])
+        n = plan.completed_before(j)
+        if n:
+            self._complete(n, now=bool(plan.ends[j - 1] == self.env.now))
+
+    def _complete(self, n: int, now: bool) -> None:
+        """The first n samples of the batch finished (their jump ending `now`, or earlier): credit
+        their tokens and let them go. Their completions are filed with the controller already."""
+        b = self.batch
+        self.samples.credit(b.sid[:n], self.version, b.finish[:n] - b.joined[:n])
+        self.batch = b.without(slice(n, None))
+        if now:  # free slots: route more if the capacity rule allows (it does not while quiet)
+            self.controller.request_dispatch()
 
     def _preempt(self) -> None:
         """vLLM-style recompute preemption: while the KV cache overflows, the newest sample leaves."""
-        while self.context > self.kv_tokens and len(self.running) > 1:
-            sid = max(self.running, key=lambda i: (max(self.running[i].joined_at, self.reloaded_at), i))
-            s = self.running.pop(sid)
-            self._settle(s)
-            self.context -= s.prompt + s.generated
-            self.waiting.appendleft(s)
+        s = self.samples
+        while self.context > self.kv_tokens and len(self.batch) > 1:
+            i = int(np.lexsort((self.batch.sid, self.batch.joined))[-1])  # newest joined, then highest id
+            sid, joined = int(self.batch.sid[i]), int(self.batch.joined[i])
+            self.batch = self.batch.without(np.arange(len(self.batch)) != i)
+            tokens = self.progress - joined
+            s.credit(np.array([sid]), self.version, np.array([tokens]))
+            s.generated[sid] += tokens
+            self.context -= int(s.prompt[sid] + s.generated[sid])
+            self.waiting.appendleft(sid)
 
-    def _load_weights(self) -> Generator[simpy.Event, Any, None]:
-        assert self.update is not None
-        request = self.update
-        version, ready_at = request
-        start = self.env.now
-        if ready_at > start:
-            yield self.env.timeout(ready_at - start)
-        self.rec.interval(self.name, self.group, "weight_load", start, self.env.now, version, len(self.running))
-        # no need to credit the running samples' tokens now: _settle splits them by version_log later
+    def _load_weights(self, request: tuple[int, float], start: float) -> None:
+        """The weights of `request` are in (it was waited for since `start`)."""
+        version = request[0]
+        self.rec.interval(self.name, self.group, "weight_load", start, self.env.now, version, len(self.batch))
         if self.update == request:  # a newer request that came in meanwhile stays pending
             self.update = None
+        # the running samples' tokens so far were made by the old weights (their KV is recomputed)
+        b = self.batch
+        tokens = self.progress - b.joined
+        self.samples.credit(b.sid, self.version, tokens)
+        self.samples.generated[b.sid] += tokens
+        self.batch = Batch(b.sid, b.finish, np.full(len(b), self.progress, np.int64))
         self.version = version
-        self.version_log.append((self.progress, version))
-        self.reloaded_at = self.progress
         self.controller.request_dispatch()
-        if self.running:  # the KV cache was computed by the old weights: recompute it
-            start = self.env.now
-            yield self.env.timeout(self.prefill(self.context))
-            self.rec.interval(self.name, self.group, "reprefill", start, self.env.now, version, len(self.running))
-        self.rec.count()
+        if not len(self.batch):
+            self.rec.count()
+
+    def _after_load(self, event: simpy.Event | None = None) -> Segment | simpy.Event:
+        """What to do once loaded: a Segment now, or an event that brings one at the end of the instant.
+
+        It re-prefills, then admits what this instant's routing brings; or, idle, it would sleep until
+        the router wakes it: either way it plans after the routing, with the others that load now.
+        """
+        reprefill = len(self.batch) > 0
+        if reprefill or not (self.waiting or len(self.inbox)):
+            return self.fleet.ask(self, reprefill, event)
+        segment = self._prepare(False)  # admits what it already holds at once, as the reference does
+        if event is not None:
+            event.succeed(segment)
+        return segment

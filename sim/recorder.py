@@ -1,10 +1,18 @@
-"""What the simulation saw: timeline intervals and time series, appended as plain tuples."""
+"""What the simulation saw: timeline intervals and time series.
+
+Intervals come one at a time (`interval`) or, from a planned run of decode jumps, as arrays
+(`intervals`); the timeline is put together, in order of end time, only when someone asks.
+"""
 
 from __future__ import annotations
 
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import repeat
+from typing import Any
+
+import numpy as np
 
 from traces import SpecError
 
@@ -12,11 +20,12 @@ TIMELINE_COLUMNS = ("resource", "group", "activity", "start", "end", "version", 
 MAX_EVENTS = 20_000_000  # a bound on any one simulation, so bad input cannot hang it
 MAX_WALL_SECONDS = 600.0  # and a bound on its wall time, checked every few thousand events
 
+Row = tuple[str, str, str, float, float, int, int]
+
 
 @dataclass
 class Recorder:
-    timeline: list[tuple[str, str, str, float, float, int, int]] = field(default_factory=list)
-    busy: Counter[str] = field(default_factory=Counter)  # resource -> busy seconds
+    timeline: list[Row] = field(default_factory=list)
     queue: list[tuple[float, int, int, int]] = field(default_factory=list)  # time, waiting, in flight, buffered
     staleness_tokens: Counter[int] = field(default_factory=Counter)
     step_ends: list[float] = field(default_factory=list)
@@ -25,17 +34,63 @@ class Recorder:
     trained_ids: list[int] = field(default_factory=list)
     events: int = 0
     deadline: float = field(default_factory=lambda: time.monotonic() + MAX_WALL_SECONDS)
+    _next_clock_check: int = 4096
+    # intervals filed as arrays: (resource, group, activity, starts, ends, version, samples)
+    chunks: list[tuple[str, str, str, np.ndarray, np.ndarray, int, np.ndarray]] = field(default_factory=list)
+    _busy: Counter[str] = field(default_factory=Counter)  # resource -> busy seconds summed so far
+    _busy_parts: dict[str, list[float | np.ndarray]] = field(default_factory=dict)  # not summed yet
 
-    def count(self) -> None:
-        """One more simulation event; stops a run that outgrows its budget."""
-        self.events += 1
+    def count(self, n: int = 1) -> None:
+        """n more simulation events; stops a run that outgrows its budget."""
+        self.events += n
         if self.events > MAX_EVENTS:
             raise SpecError("simulation exceeded its event budget; simulate fewer steps or a smaller batch")
-        if self.events % 4096 == 0 and time.monotonic() > self.deadline:
-            raise SpecError(f"simulation ran past {MAX_WALL_SECONDS:.0f} s; simulate fewer steps or a smaller batch")
+        if self.events >= self._next_clock_check:  # the wall clock, every few thousand events
+            self._next_clock_check = self.events + 4096
+            if time.monotonic() > self.deadline:
+                raise SpecError(f"simulation ran past {MAX_WALL_SECONDS:.0f} s; "
+                                "simulate fewer steps or a smaller batch")
 
     def interval(self, resource: str, group: str, activity: str, start: float, end: float, version: int,
                  samples: int) -> None:
         if end > start:
             self.timeline.append((resource, group, activity, start, end, version, samples))
-            self.busy[resource] += end - start
+            self._busy_parts.setdefault(resource, []).append(end - start)
+
+    def intervals(self, resource: str, group: str, activity: str, starts: np.ndarray, ends: np.ndarray,
+                  version: int, samples: np.ndarray) -> None:
+        """Consecutive intervals of one resource, as `interval` would file them one by one."""
+        durations = ends - starts
+        keep = durations > 0  # end > start, as `interval` asks
+        if not keep.all():
+            starts, ends, samples, durations = starts[keep], ends[keep], samples[keep], durations[keep]
+        self.chunks.append((resource, group, activity, starts, ends, version, samples))
+        self._busy_parts.setdefault(resource, []).append(durations)
+
+    @property
+    def busy(self) -> Counter[str]:
+        """Busy seconds per resource: its intervals' lengths added in the order filed, one at a time."""
+        for resource, parts in self._busy_parts.items():
+            total = self._busy[resource]
+            for part in parts:
+                if isinstance(part, float):
+                    total += part
+                else:
+                    for d in part.tolist():
+                        total += d
+            self._busy[resource] = total
+        self._busy_parts = {}
+        return self._busy
+
+    def rows(self) -> tuple[Row, ...]:
+        """Every interval, in order of end time (ties: in the order filed)."""
+        rows: list[Any] = list(self.timeline)
+        if not self.chunks:
+            return tuple(rows)
+        ends = [np.array([r[4] for r in self.timeline], dtype=np.float64)]
+        for resource, group, activity, starts, stops, version, samples in self.chunks:
+            rows.extend(zip(repeat(resource), repeat(group), repeat(activity), starts.tolist(), stops.tolist(),
+                            repeat(version), samples.tolist(), strict=False))
+            ends.append(stops)
+        order = np.argsort(np.concatenate(ends), kind="stable")
+        return tuple(rows[i] for i in order.tolist())

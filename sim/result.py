@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import pandas as pd
 
-from sim.recorder import TIMELINE_COLUMNS
+from sim.recorder import TIMELINE_COLUMNS, Recorder
 
 
 @dataclass(frozen=True)
@@ -26,8 +27,13 @@ class SimResult:
     events: int
     sim_seconds: float
     mode: str
-    timeline_rows: tuple[tuple[Any, ...], ...] = field(repr=False)
+    recorder: Recorder = field(repr=False, compare=False)  # the timeline, put together when asked for
     queue_rows: tuple[tuple[float, int, int, int], ...] = field(repr=False, default=())
+
+    @cached_property
+    def timeline_rows(self) -> tuple[tuple[Any, ...], ...]:
+        """(resource, group, activity, start, end, version, samples) per interval, by end time."""
+        return self.recorder.rows()
 
     @property
     def max_staleness(self) -> int:

@@ -10,12 +10,13 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
+from sim import reference as ref
 from sim.controller import Controller
 from sim.costs import DecodeTable, PrefillCurve
-from sim.engine import Engine
+from sim.engine import Engine, Fleet
 from sim.recorder import Recorder
 from sim.result import SimResult
-from sim.sample import Sample
+from sim.samples import Samples
 from sim.trainer import Trainer
 from traces import Cluster, CostModel, NodeGroup, Plan, SpecError, Workload, get_gpu
 from traces.costmodel.rl import trainer_step_seconds
@@ -142,20 +143,19 @@ def simulate(
     rng = np.random.default_rng(seed)
     prompts = workload.prompt_len.sample(rng, total)
     responses = workload.response_len.sample(rng, total)
-    ctl = Controller(env, batch, eta, prompts, responses)
-
-    def finish(done: list[Sample]) -> None:
-        if workload.reward_seconds > 0:
-            env.timeout(workload.reward_seconds).callbacks.append(lambda _ev: ctl.completed(done))
-        else:
-            ctl.completed(done)
-
-    engines = [
-        Engine(env, s.name, _group_key(s.group), s.decode, s.prefill, s.max_batch, s.kv_tokens, ctl, rec, finish,
-               mean_iteration_s=s.mean_iteration_s, interruptible=workload.interruptible and plan.mode == "async",
-               token_level=token_level)
-        for s in _engine_specs(cm, cluster, workload, plan)
-    ]
+    specs = _engine_specs(cm, cluster, workload, plan)
+    interruptible = workload.interruptible and plan.mode == "async"
+    if token_level:
+        ctl = ref.Controller(env, batch, eta, prompts, responses)
+        engines = _reference_engines(env, rec, ctl, workload, specs, interruptible)
+    else:
+        ctl = Controller(env, batch, eta, Samples(prompts, responses))
+        fleet = Fleet(env, ctl.samples)
+        engines = [
+            Engine(env, s.name, _group_key(s.group), s.decode, s.prefill, s.max_batch, s.kv_tokens, ctl, rec, fleet,
+                   workload.reward_seconds, mean_iteration_s=s.mean_iteration_s, interruptible=interruptible)
+            for s in specs
+        ]
     n_engines = len(engines)
     ctl.request_dispatch()
     sync_s = float(cm.sync(cluster.gpu(plan.trainer.gpu_type), workload.model, n_engines,
@@ -172,7 +172,27 @@ def simulate(
     with bar(steps, "simulating", unit="step") as progress:
         trainer.on_step = progress.update
         env.run(until=trainer.done)
+    if isinstance(ctl, Controller):
+        ctl.deliver()
+        rec.staleness_tokens = ctl.samples.staleness_tokens()
     return _result(rec, ctl, engines, plan, cluster, env.now)
+
+
+def _reference_engines(
+    env: simpy.Environment, rec: Recorder, ctl: ref.Controller, workload: Workload, specs: list[_EngineSpec],
+    interruptible: bool,
+) -> list[ref.Engine]:
+    """The token-level reference: per-sample objects, one event per decode iteration."""
+
+    def finish(done: list[ref.Sample]) -> None:
+        if workload.reward_seconds > 0:
+            env.timeout(workload.reward_seconds).callbacks.append(lambda _ev: ctl.completed(done))
+        else:
+            ctl.completed(done)
+
+    engines = [ref.Engine(env, s.name, _group_key(s.group), s.decode, s.prefill, s.max_batch, s.kv_tokens, ctl, rec,
+                          finish, mean_iteration_s=s.mean_iteration_s, interruptible=interruptible) for s in specs]
+    return engines
 
 
 def _switch_seconds(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan) -> float:
@@ -189,10 +209,13 @@ def _group_key(g: RolloutGroup) -> str:
     return f"rollout:{g.gpu_type}:tp{g.tp}"
 
 
-def _sample_queue(env: simpy.Environment, ctl: Controller, engines: list[Engine], rec: Recorder):  # type: ignore[no-untyped-def]
+def _sample_queue(env: simpy.Environment, ctl: Controller | ref.Controller, engines: list[Engine] | list[ref.Engine],
+                  rec: Recorder):  # type: ignore[no-untyped-def]
     period = 1.0
     while True:
-        waiting = sum(len(e.waiting) + len(e.inbox) for e in engines)
+        if isinstance(ctl, Controller):
+            ctl.deliver()  # completions planned until now
+        waiting = sum(e.queued() for e in engines)
         in_flight = sum(ctl.in_flight.values())
         rec.queue.append((env.now, waiting, in_flight, ctl.buffered))
         yield env.timeout(period)
@@ -200,7 +223,8 @@ def _sample_queue(env: simpy.Environment, ctl: Controller, engines: list[Engine]
 
 
 def _result(
-    rec: Recorder, ctl: Controller, engines: list[Engine], plan: Plan, cluster: Cluster, end: float
+    rec: Recorder, ctl: Controller | ref.Controller, engines: list[Engine] | list[ref.Engine], plan: Plan,
+    cluster: Cluster, end: float,
 ) -> SimResult:
     steps = len(rec.step_ends)
     # Steady state: AReaL's rule admits (eta + 1) batches at version 0 at once, and step eta must
@@ -238,6 +262,6 @@ def _result(
         events=rec.events,
         sim_seconds=end,
         mode=plan.mode,
-        timeline_rows=tuple(rec.timeline),
+        recorder=rec,
         queue_rows=tuple(rec.queue),
     )

@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import Any, Protocol
 
 import simpy
 
-from sim.controller import Controller
 from sim.recorder import Recorder
+
+
+class Buffer(Protocol):
+    """The controller as the trainer sees it (sim.controller, or sim.reference.controller)."""
+
+    on_buffer: Callable[[], None]
+
+    def ready(self, step: int) -> bool: ...
+    def watch(self, step: int) -> None: ...
+    def unwatch(self) -> None: ...
+    def train(self, step: int, rec: Recorder) -> tuple[int, int]: ...
+    def new_version(self, version: int) -> None: ...
 
 
 class Trainer:
     def __init__(
-        self, env: simpy.Environment, controller: Controller, recorder: Recorder, steps: int,
+        self, env: simpy.Environment, controller: Buffer, recorder: Recorder, steps: int,
         step_seconds: Callable[[int], tuple[float, float]], sync_seconds: float,
         push_weights: Callable[[int, float], None], name: str = "trainer", switch_seconds: float = 0.0,
     ) -> None:
@@ -42,33 +53,28 @@ class Trainer:
                 yield self._wake
                 self._wake = None
             self.ctl.unwatch()
-            batch = self.ctl.take()
-            tokens = sum(s.tokens for s in batch)
-            for s in batch:
-                for version, n in s.versions:
-                    self.rec.staleness_tokens[step - version] += n
-                self.rec.trained_ids.append(s.sid)
+            samples, tokens = self.ctl.train(step, self.rec)
             logprob_s, train_s = self.step_seconds(tokens)
-            yield from self._switch(step, len(batch))
+            yield from self._switch(step, samples)
             t0 = self.env.now
             yield self.env.timeout(logprob_s)
-            self.rec.interval(self.name, "trainer", "logprob", t0, self.env.now, step, len(batch))
+            self.rec.interval(self.name, "trainer", "logprob", t0, self.env.now, step, samples)
             t1 = self.env.now
             yield self.env.timeout(train_s)
-            self.rec.interval(self.name, "trainer", "train", t1, self.env.now, step, len(batch))
+            self.rec.interval(self.name, "trainer", "train", t1, self.env.now, step, samples)
             self.rec.step_ends.append(self.env.now)
             self.on_step()
-            self.rec.step_samples.append(len(batch))
+            self.rec.step_samples.append(samples)
             self.rec.step_tokens.append(tokens)
             self.rec.count()
-            yield from self._switch(step, len(batch))
+            yield from self._switch(step, samples)
             version = step + 1
             t2 = self.env.now
             ready_at = t2 + self.sync_seconds
             self.push_weights(version, ready_at)
             self.ctl.new_version(version)
             yield self.env.timeout(self.sync_seconds)
-            self.rec.interval(self.name, "trainer", "sync", t2, self.env.now, version, len(batch))
+            self.rec.interval(self.name, "trainer", "sync", t2, self.env.now, version, samples)
 
     def _switch(self, step: int, samples: int) -> Generator[simpy.Event, Any, None]:
         if self.switch_seconds > 0:

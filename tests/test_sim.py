@@ -243,3 +243,23 @@ def test_weight_sync_uses_the_placed_nodes_links() -> None:
                  rollout=(RolloutGroup(gpu_type="H20", instances=4, nodes=(2,)),))
     with pytest.raises(SpecError, match="places H800 work on nodes of type H20"):
         simulate(cluster, w, wrong, CM, steps=1)
+
+
+def test_preempted_samples_generate_their_whole_response() -> None:
+    """KV-bound: samples are preempted and re-admitted, and still generate (and train) every token of
+    their response, in both modes (a stale heap entry used to complete a re-admitted sample early)."""
+    cluster = Cluster(node_groups=({"gpu_type": "H800", "nodes": 1}, {"gpu_type": "L40S", "nodes": 1}))
+    w = _workload(LengthDist(kind="lognormal", mean=4000, sigma=0.6, cap=12000), "async", eta=1, prompts=8,
+                  group=16, model="qwen2.5-7b")
+    plan = _plan("async", eta=1, engines=1, gen="L40S")
+    steps, seed = 2, 1
+    rng = np.random.default_rng(seed)
+    total = w.samples_per_step * (steps + plan.staleness + 1)
+    w.prompt_len.sample(rng, total)
+    responses = w.response_len.sample(rng, total)
+    results = [simulate(cluster, w, plan, CM, steps=steps, seed=seed, token_level=t) for t in (False, True)]
+    for r in results:
+        assert sum(r.staleness_hist.values()) == int(responses[list(r.trained_ids)].sum())
+    fast, ref = results
+    assert fast.timeline.activity.eq("decode").sum() < ref.timeline.activity.eq("decode").sum()
+    assert fast.samples_per_s == pytest.approx(ref.samples_per_s, rel=0.01)

@@ -1,0 +1,200 @@
+"""Admission under the staleness bound (AReaL's capacity rule) and the trained-sample buffer.
+
+With trainer version v, batch B and bound eta, at most (eta + v + 1) B samples may ever have been
+admitted. Step s must train every sample started at a version <= s - eta (its oldest token would
+otherwise exceed the bound), so before taking the B oldest buffered samples the trainer checks that
+each later step can still do so: for every start version L in (s - eta, s], the samples started at
+<= L left untrained must fit the L + eta - s steps that remain for them. By induction over steps
+this is always reachable by waiting for completions: no sample is dropped, none is trained twice,
+and no token is older than eta versions.
+
+Admitted samples are routed, one at a time, to the engine running the current weights whose decode
+iteration would be shortest with one more request: a least-load router (as in AReaL and SGLang)
+that knows a mixed fleet's speeds, so work water-fills from the fastest engines. Engines pulling
+on their own would let the first few take the whole staleness allowance.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+import simpy
+
+from sim.recorder import Recorder
+from sim.reference.sample import Sample
+
+
+class Worker(Protocol):
+    """What the router needs to know of a rollout engine."""
+
+    def accepting(self, version: int) -> bool: ...
+    def load(self) -> int: ...
+    def capacity(self) -> int: ...
+    def iteration_seconds(self, batch: int) -> float: ...
+    def assign(self, samples: list[Sample]) -> None: ...
+
+
+class Controller:
+    def __init__(self, env: simpy.Environment, batch: int, eta: int, prompts: np.ndarray, responses: np.ndarray
+                 ) -> None:
+        self.env = env
+        self._dispatch_pending = False
+        self.batch = batch
+        self.eta = eta
+        self.version = 0
+        self.admitted = 0
+        self._prompts: list[int] = prompts.tolist()  # plain ints: indexing numpy per sample is slow
+        self._responses: list[int] = responses.tolist()
+        self.in_flight: Counter[int] = Counter()  # start version -> samples admitted, not yet buffered
+        self.buffer: dict[int, list[Sample]] = {}  # start version -> completed samples, not yet trained
+        self.buffered = 0
+        self.engines: list[Worker] = []
+        self.on_buffer: Callable[[], None] = lambda: None  # the trainer's wake-up
+        # while the trainer waits for step `_watch_step`: start version L -> how many more samples of
+        # versions <= L must be buffered before that step is ready (see `watch`)
+        self._watch_step: int | None = None
+        self._short: dict[int, int] = {}
+
+    def allowance(self) -> int:
+        return min((self.eta + self.version + 1) * self.batch - self.admitted, len(self._prompts) - self.admitted)
+
+    def request_dispatch(self) -> None:
+        """Route at the end of this instant, once every engine whose state changes now has changed.
+
+        Engines loading the same weights finish at the same time; routing at the first one's
+        completion would hand it the whole batch. Nothing to route without allowance, and it only
+        grows with a new version, which asks again.
+        """
+        if not self._dispatch_pending and self.allowance() > 0:
+            self._dispatch_pending = True
+            self.env.timeout(0).callbacks.append(self._dispatch)
+
+    def _dispatch(self, _event: simpy.Event) -> None:
+        self._dispatch_pending = False
+        self.dispatch()
+
+    def dispatch(self) -> None:
+        """Admit what the capacity rule allows and route each sample to the least-loaded engine."""
+        n = self.allowance()
+        if n <= 0:
+            return
+        heap = [
+            (e.iteration_seconds(e.load() + 1), i, e.load()) for i, e in enumerate(self.engines)
+            if e.accepting(self.version) and e.load() < e.capacity()
+        ]
+        heapq.heapify(heap)
+        given: dict[int, list[Sample]] = {}
+        while n > 0 and heap:
+            _, i, load = heap[0]
+            sid = self.admitted
+            given.setdefault(i, []).append(Sample(sid, self._prompts[sid], self._responses[sid], self.version))
+            self.admitted += 1
+            n -= 1
+            e = self.engines[i]
+            if load + 1 < e.capacity():  # heapreplace: pop then push in one sift, same order
+                heapq.heapreplace(heap, (e.iteration_seconds(load + 2), i, load + 1))
+            else:
+                heapq.heappop(heap)
+        for i, samples in given.items():
+            self.in_flight[self.version] += len(samples)
+            self.engines[i].assign(samples)
+        if self._watch_step is not None:  # more samples in flight: the shortfalls change
+            self.watch(self._watch_step)
+
+    def completed(self, samples: list[Sample]) -> None:
+        for s in samples:
+            self.in_flight[s.start_version] -= 1
+            self.buffer.setdefault(s.start_version, []).append(s)
+        self.buffered += len(samples)
+        if self._watch_step is None:
+            self.on_buffer()
+            return
+        short = self._short
+        for s in samples:
+            for level in [lv for lv in short if lv >= s.start_version]:
+                short[level] -= 1
+                if short[level] == 0:
+                    del short[level]
+        if not short:
+            self.on_buffer()
+
+    def watch(self, step: int) -> None:
+        """Wake the trainer (on_buffer) only once completions could make `step` ready.
+
+        `ready` compares, for each start version L, the samples of versions <= L left untrained with
+        what the remaining steps may take; a completion only moves a sample from in flight to the
+        buffer, so untrained(L) = total(L) - min(B, buffered(L)) and the condition is a count per L:
+        buffered(L) >= total(L) - allowed(L), and buffered(step) >= B. Each completion at version v
+        lowers the shortfall of every L >= v by one, so checking costs O(eta) per completion, and
+        `ready` itself runs once. The trainer still confirms with `ready`; admissions recompute this.
+        """
+        self._watch_step = step
+        self._short = {}
+        levels = [lv for lv, n in self.in_flight.items() if n > 0] + [lv for lv, b in self.buffer.items() if b]
+        total = buffered = 0
+        for level in range(min(levels, default=step), step + 1):
+            here = len(self.buffer.get(level, ()))
+            total += self.in_flight.get(level, 0) + here
+            buffered += here
+            need = total - max(0, level + self.eta - step) * self.batch
+            if level == step:
+                need = max(need, self.batch)
+            if need > buffered:
+                self._short[level] = need - buffered
+
+    def unwatch(self) -> None:
+        self._watch_step, self._short = None, {}
+
+    def _batch_levels(self) -> dict[int, int]:
+        """How many samples of each start version the next batch (the B oldest) takes."""
+        out, need = {}, self.batch
+        for level in sorted(self.buffer):
+            n = min(need, len(self.buffer[level]))
+            if n:
+                out[level], need = n, need - n
+            if need == 0:
+                break
+        return out
+
+    def ready(self, step: int) -> bool:
+        """Step `step` may train the B oldest buffered samples without breaking the bound later."""
+        if self.buffered < self.batch:
+            return False
+        taken = self._batch_levels()
+        untrained: Counter[int] = Counter(self.in_flight)
+        for level, samples in self.buffer.items():
+            untrained[level] += len(samples) - taken.get(level, 0)
+        left = 0
+        for level in range(min((v for v, n in untrained.items() if n > 0), default=step), step + 1):
+            left += untrained.get(level, 0)
+            if left > max(0, level + self.eta - step) * self.batch:
+                return False
+        return True
+
+    def take(self) -> list[Sample]:
+        """The B oldest buffered samples, by start version then sample id."""
+        batch: list[Sample] = []
+        for level, n in self._batch_levels().items():
+            pool = sorted(self.buffer.pop(level), key=lambda s: s.sid)
+            batch.extend(pool[:n])
+            if pool[n:]:
+                self.buffer[level] = pool[n:]
+        self.buffered -= len(batch)
+        return batch
+
+    def train(self, step: int, rec: Recorder) -> tuple[int, int]:
+        """Hand the next batch to step `step`: (samples, tokens); tally its trained tokens' staleness."""
+        batch = self.take()
+        for s in batch:
+            for version, n in s.versions:
+                rec.staleness_tokens[step - version] += n
+            rec.trained_ids.append(s.sid)
+        return len(batch), sum(s.tokens for s in batch)
+
+    def new_version(self, version: int) -> None:
+        self.version = version
+        self.request_dispatch()
