@@ -33,6 +33,7 @@ from sim.clock import timeout_at
 from sim.pending import Chunk, Pending
 from sim.recorder import Recorder
 from sim.samples import Samples
+from traces.staleness import allowance, batch_levels, batch_ready
 
 
 class Worker(Protocol):
@@ -104,7 +105,7 @@ class Controller:
         self._keys: tuple[np.ndarray, np.ndarray] | None = None  # router: see _router_keys
 
     def allowance(self) -> int:
-        return min((self.eta + self.version + 1) * self.batch, self._total) - self.admitted
+        return min(allowance(self.eta, self.version, self.batch, self.admitted), self._total - self.admitted)
 
     # ---- routing ------------------------------------------------------------------------------
     def request_dispatch(self) -> None:
@@ -267,38 +268,16 @@ class Controller:
         if self._watch_step is not None and generation == self._timer:  # not ready yet: the next due time
             self._retime()
 
-    def _batch_levels(self) -> dict[int, int]:
-        """How many samples of each start version the next batch (the B oldest) takes."""
-        out, need = {}, self.batch
-        for level in sorted(self.buffered_by):
-            n = min(need, self.buffered_by[level])
-            if n:
-                out[level], need = n, need - n
-            if need == 0:
-                break
-        return out
-
     def ready(self, step: int) -> bool:
         """Step `step` may train the B oldest buffered samples without breaking the bound later."""
         self.deliver()
-        if self.buffered < self.batch:
-            return False
-        taken = self._batch_levels()
-        untrained: Counter[int] = Counter(self.in_flight)
-        for level, n in self.buffered_by.items():
-            untrained[level] += n - taken.get(level, 0)
-        left = 0
-        for level in range(min((v for v, n in untrained.items() if n > 0), default=step), step + 1):
-            left += untrained.get(level, 0)
-            if left > max(0, level + self.eta - step) * self.batch:
-                return False
-        return True
+        return batch_ready(step, self.eta, self.batch, self.in_flight, self.buffered_by)
 
     def take(self) -> np.ndarray:
         """The B oldest buffered samples, by start version then sample id."""
         self.deliver()
         batch: list[np.ndarray] = []
-        for level, n in self._batch_levels().items():
+        for level, n in batch_levels(self.buffered_by, self.batch).items():
             pool = np.sort(np.concatenate(self.buffer.pop(level)))
             batch.append(pool[:n])
             if n < len(pool):

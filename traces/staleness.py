@@ -16,10 +16,45 @@ trained token is older than eta versions.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+
+
+def allowance(eta: int, version: int, batch: int, admitted: int) -> int:
+    """Units that may be admitted now: at most (eta + version + 1) * batch ever."""
+    return (eta + version + 1) * batch - admitted
+
+
+def batch_levels(buffered_by: Mapping[int, int], batch: int) -> dict[int, int]:
+    """How many units of each start version the next batch (the `batch` oldest completed) takes."""
+    out, need = {}, batch
+    for level in sorted(buffered_by):
+        n = min(need, buffered_by[level])
+        if n:
+            out[level], need = n, need - n
+        if need == 0:
+            break
+    return out
+
+
+def batch_ready(step: int, eta: int, batch: int, in_flight: Mapping[int, int], buffered_by: Mapping[int, int]
+                ) -> bool:
+    """Step `step` may train the `batch` oldest completed units without breaking the bound later."""
+    if sum(buffered_by.values()) < batch:
+        return False
+    taken = batch_levels(buffered_by, batch)
+    untrained: Counter[int] = Counter(in_flight)
+    for level, n in buffered_by.items():
+        untrained[level] += n - taken.get(level, 0)
+    left = 0
+    for level in range(min((lv for lv, n in untrained.items() if n > 0), default=step), step + 1):
+        left += untrained.get(level, 0)
+        if left > max(0, level + eta - step) * batch:
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -50,7 +85,7 @@ class CapacityController(Generic[T]):
 
     def allowance(self) -> int:
         """Units that may be admitted now without breaking (eta + v + 1) * batch."""
-        return (self.eta + self.version + 1) * self.batch - self.admitted
+        return allowance(self.eta, self.version, self.batch, self.admitted)
 
     def admit(self) -> tuple[int, int]:
         """Admit one unit at the current version; returns (uid, start version)."""
@@ -67,37 +102,17 @@ class CapacityController(Generic[T]):
         self.in_flight[start_version] -= 1
         self.buffer.setdefault(start_version, []).append(Admitted(start_version, uid, item))
 
-    def _taken(self) -> dict[int, int]:
-        """How many units of each start version the next batch (the `batch` oldest) takes."""
-        out, need = {}, self.batch
-        for level in sorted(self.buffer):
-            n = min(need, len(self.buffer[level]))
-            if n:
-                out[level], need = n, need - n
-            if need == 0:
-                break
-        return out
+    def _counts(self) -> dict[int, int]:
+        return {level: len(units) for level, units in self.buffer.items()}
 
     def ready(self, step: int) -> bool:
         """Step `step` may train the `batch` oldest completed units without breaking the bound later."""
-        if self.buffered < self.batch:
-            return False
-        taken = self._taken()
-        untrained: Counter[int] = Counter(self.in_flight)
-        for level, units in self.buffer.items():
-            untrained[level] += len(units) - taken.get(level, 0)
-        levels = [lv for lv, n in untrained.items() if n > 0]
-        left = 0
-        for level in range(min(levels, default=step), step + 1):
-            left += untrained.get(level, 0)
-            if left > max(0, level + self.eta - step) * self.batch:
-                return False
-        return True
+        return batch_ready(step, self.eta, self.batch, self.in_flight, self._counts())
 
     def take(self) -> list[Admitted[T]]:
         """Remove and return the `batch` oldest completed units, by start version then uid."""
         batch: list[Admitted[T]] = []
-        for level, n in self._taken().items():
+        for level, n in batch_levels(self._counts(), self.batch).items():
             pool = sorted(self.buffer.pop(level), key=lambda a: a.uid)
             batch.extend(pool[:n])
             if pool[n:]:

@@ -26,6 +26,7 @@ import simpy
 
 from sim.recorder import Recorder
 from sim.reference.sample import Sample
+from traces.staleness import allowance, batch_levels, batch_ready
 
 
 class Worker(Protocol):
@@ -60,7 +61,7 @@ class Controller:
         self._short: dict[int, int] = {}
 
     def allowance(self) -> int:
-        return min((self.eta + self.version + 1) * self.batch - self.admitted, len(self._prompts) - self.admitted)
+        return min(allowance(self.eta, self.version, self.batch, self.admitted), len(self._prompts) - self.admitted)
 
     def request_dispatch(self) -> None:
         """Route at the end of this instant, once every engine whose state changes now has changed.
@@ -149,36 +150,17 @@ class Controller:
     def unwatch(self) -> None:
         self._watch_step, self._short = None, {}
 
-    def _batch_levels(self) -> dict[int, int]:
-        """How many samples of each start version the next batch (the B oldest) takes."""
-        out, need = {}, self.batch
-        for level in sorted(self.buffer):
-            n = min(need, len(self.buffer[level]))
-            if n:
-                out[level], need = n, need - n
-            if need == 0:
-                break
-        return out
+    def _counts(self) -> dict[int, int]:
+        return {level: len(samples) for level, samples in self.buffer.items()}
 
     def ready(self, step: int) -> bool:
         """Step `step` may train the B oldest buffered samples without breaking the bound later."""
-        if self.buffered < self.batch:
-            return False
-        taken = self._batch_levels()
-        untrained: Counter[int] = Counter(self.in_flight)
-        for level, samples in self.buffer.items():
-            untrained[level] += len(samples) - taken.get(level, 0)
-        left = 0
-        for level in range(min((v for v, n in untrained.items() if n > 0), default=step), step + 1):
-            left += untrained.get(level, 0)
-            if left > max(0, level + self.eta - step) * self.batch:
-                return False
-        return True
+        return batch_ready(step, self.eta, self.batch, self.in_flight, self._counts())
 
     def take(self) -> list[Sample]:
         """The B oldest buffered samples, by start version then sample id."""
         batch: list[Sample] = []
-        for level, n in self._batch_levels().items():
+        for level, n in batch_levels(self._counts(), self.batch).items():
             pool = sorted(self.buffer.pop(level), key=lambda s: s.sid)
             batch.extend(pool[:n])
             if pool[n:]:
