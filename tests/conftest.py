@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,3 +48,19 @@ def write(tmp_path: Path) -> Callable[[str, str], Path]:
         return path
 
     return _write
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Runtime tests: tiny matrices gain nothing from a second thread, and on a busy 2-core machine
+    torch's spinning OpenMP workers make each op 10-100x slower (measured); results also stop
+    depending on the pool."""
+    if not request.module.__name__.startswith("test_runtime"):
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,14 +16,6 @@ TOK = CharTokenizer()
 PROMPTS = ["3+4=", "12+3=", "1=", "9*9-3=", "5+5=", "7+1=", "2=", "8+8+8=", "6-1=", "45*2="]
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """Tiny matrices gain nothing from a second thread, and on a busy 2-core machine torch's spinning
-    OpenMP workers make each op 10-100x slower (measured); results also stop depending on the pool."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

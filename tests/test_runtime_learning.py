@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import csv
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from runtime.loop import run_toy
 from runtime.records import TIMELINE_COLUMNS, read_metrics
@@ -23,14 +21,6 @@ STEPS = 150
 ETA = 2
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """Tiny matrices gain nothing from a second thread, and on a busy 2-core machine torch's spinning
-    OpenMP workers make each op 10-100x slower (measured); results also stop depending on the pool."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_async_grpo_beats_five_times_chance_within_the_staleness_bound(tmp_path: Path) -> None:

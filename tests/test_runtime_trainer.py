@@ -3,24 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import torch
 
 from runtime.model import CharTokenizer, build_model, tiny_llama_config
 from runtime.trainer import Rollout, TrainConfig, Trainer, decoupled_ppo_loss, grpo_advantages, pack, token_logprobs
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """Tiny matrices gain nothing from a second thread, and on a busy 2-core machine torch's spinning
-    OpenMP workers make each op 10-100x slower (measured); results also stop depending on the pool."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_grpo_advantages_are_normalised_within_each_group() -> None:
