@@ -64,14 +64,14 @@ def _json_default(value: Any) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from planner.commands import catalog, costs, plan, report, simulate, validate
+    from planner.commands import catalog, costs, plan, report, run, simulate, validate
 
     parser = _Parser(
         prog="rlfleet",
         description="Simulate, plan and run RL post-training of LLMs on a mixed GPU fleet.",
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
-    for module in (catalog, costs, validate, simulate, plan, report):
+    for module in (catalog, costs, validate, simulate, plan, report, run):
         module.register(sub)
     for command in sub.choices.values():
         command.add_argument("--quiet", action="store_true", help="no progress bars")
