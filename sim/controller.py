@@ -79,7 +79,35 @@ def water_fill(n: int, loads: np.ndarray, caps: np.ndarray, keys: np.ndarray, ro
     return engine[order[:n]]
 
 
-class Controller:
+class RoutesAtEndOfInstant:
+    """Routing deferred to the end of the current instant, at most once per instant (both controllers)."""
+
+    env: simpy.Environment
+    _dispatch_pending: bool
+
+    def allowance(self) -> int:
+        raise NotImplementedError
+
+    def dispatch(self) -> None:
+        raise NotImplementedError
+
+    def request_dispatch(self) -> None:
+        """Route at the end of this instant, once every engine whose state changes now has changed.
+
+        Engines loading the same weights finish at the same time; routing at the first one's
+        completion would hand it the whole batch. Nothing to route without allowance, and it only
+        grows with a new version, which asks again.
+        """
+        if not self._dispatch_pending and self.allowance() > 0:
+            self._dispatch_pending = True
+            self.env.timeout(0).callbacks.append(self._dispatch)
+
+    def _dispatch(self, _event: simpy.Event) -> None:
+        self._dispatch_pending = False
+        self.dispatch()
+
+
+class Controller(RoutesAtEndOfInstant):
     def __init__(self, env: simpy.Environment, batch: int, eta: int, samples: Samples) -> None:
         self.env = env
         self._dispatch_pending = False
@@ -108,21 +136,6 @@ class Controller:
         return min(allowance(self.eta, self.version, self.batch, self.admitted), self._total - self.admitted)
 
     # ---- routing ------------------------------------------------------------------------------
-    def request_dispatch(self) -> None:
-        """Route at the end of this instant, once every engine whose state changes now has changed.
-
-        Engines loading the same weights finish at the same time; routing at the first one's
-        completion would hand it the whole batch. Nothing to route without allowance, and it only
-        grows with a new version, which asks again.
-        """
-        if not self._dispatch_pending and self.allowance() > 0:
-            self._dispatch_pending = True
-            self.env.timeout(0).callbacks.append(self._dispatch)
-
-    def _dispatch(self, _event: simpy.Event) -> None:
-        self._dispatch_pending = False
-        self.dispatch()
-
     def dispatch(self) -> None:
         """Admit what the capacity rule allows and route each sample to the least-loaded engine."""
         n = self.allowance()

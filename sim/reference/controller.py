@@ -1,18 +1,6 @@
-"""Admission under the staleness bound (AReaL's capacity rule) and the trained-sample buffer.
-
-With trainer version v, batch B and bound eta, at most (eta + v + 1) B samples may ever have been
-admitted. Step s must train every sample started at a version <= s - eta (its oldest token would
-otherwise exceed the bound), so before taking the B oldest buffered samples the trainer checks that
-each later step can still do so: for every start version L in (s - eta, s], the samples started at
-<= L left untrained must fit the L + eta - s steps that remain for them. By induction over steps
-this is always reachable by waiting for completions: no sample is dropped, none is trained twice,
-and no token is older than eta versions.
-
-Admitted samples are routed, one at a time, to the engine running the current weights whose decode
-iteration would be shortest with one more request: a least-load router (as in AReaL and SGLang)
-that knows a mixed fleet's speeds, so work water-fills from the fastest engines. Engines pulling
-on their own would let the first few take the whole staleness allowance.
-"""
+"""The per-sample controller of the token-level reference: the same rules as sim.controller
+(the staleness rule from traces.staleness; routing one sample at a time to the engine whose next
+decode iteration would be shortest), kept simple so the fast path has an independent check."""
 
 from __future__ import annotations
 
@@ -24,6 +12,7 @@ from typing import Protocol
 import numpy as np
 import simpy
 
+from sim.controller import RoutesAtEndOfInstant
 from sim.recorder import Recorder
 from sim.reference.sample import Sample
 from traces.staleness import allowance, batch_levels, batch_ready
@@ -39,7 +28,7 @@ class Worker(Protocol):
     def assign(self, samples: list[Sample]) -> None: ...
 
 
-class Controller:
+class Controller(RoutesAtEndOfInstant):
     def __init__(self, env: simpy.Environment, batch: int, eta: int, prompts: np.ndarray, responses: np.ndarray
                  ) -> None:
         self.env = env
@@ -62,21 +51,6 @@ class Controller:
 
     def allowance(self) -> int:
         return min(allowance(self.eta, self.version, self.batch, self.admitted), len(self._prompts) - self.admitted)
-
-    def request_dispatch(self) -> None:
-        """Route at the end of this instant, once every engine whose state changes now has changed.
-
-        Engines loading the same weights finish at the same time; routing at the first one's
-        completion would hand it the whole batch. Nothing to route without allowance, and it only
-        grows with a new version, which asks again.
-        """
-        if not self._dispatch_pending and self.allowance() > 0:
-            self._dispatch_pending = True
-            self.env.timeout(0).callbacks.append(self._dispatch)
-
-    def _dispatch(self, _event: simpy.Event) -> None:
-        self._dispatch_pending = False
-        self.dispatch()
 
     def dispatch(self) -> None:
         """Admit what the capacity rule allows and route each sample to the least-loaded engine."""
