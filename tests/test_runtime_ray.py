@@ -150,3 +150,14 @@ def test_async_grpo_on_ray_beats_five_times_chance_within_the_staleness_bound(ra
              for key in (True, False)}
     assert any(s < te and e > ts for s, e in spans[False] for ts, te in spans[True])
     assert (tmp_path / "checkpoint.pt").exists()
+
+
+def test_ray_loop_keeps_the_bound_with_draining_engines_on_policy(ray_cluster: None) -> None:
+    """eta = 0 with non-interruptible engines: each engine drains, loads, then accepts again (no stall)."""
+    from runtime.ray_loop import run_toy_ray
+
+    rows: list[dict[str, Any]] = []
+    result = run_toy_ray(6, engines=2, staleness=0, seed=1, prompts_per_step=4, group_size=4, interruptible=False,
+                         progress=rows.append)
+    assert result.steps == 6 and result.samples == 6 * 16
+    assert result.staleness_tokens == ((0, sum(r["tokens"] for r in rows)),)
