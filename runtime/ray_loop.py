@@ -78,7 +78,7 @@ class EngineWorker:
         """Take part in one weight broadcast; the weights apply at the engine's next iteration boundary."""
         assert self._receiver is not None, "join_sync first"
         state, version = self._receiver.receive()
-        self.engine.load_weights(state, version)
+        self.engine.load_weights(state, version)  # copies them: the receiver overwrites its tensors next time
         self._received = version
         return self.status()
 

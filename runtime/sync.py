@@ -104,9 +104,6 @@ class SyncGroup:
         opts.rootRank = src
         return self.pg.broadcast([tensor], opts)
 
-    def close(self) -> None:
-        self.pg = None  # type: ignore[assignment]  # drops the gloo context and its sockets
-
 
 def _header(version: int, layout: Layout) -> torch.Tensor:
     return torch.tensor([version, layout.fingerprint, layout.total_bytes], dtype=torch.int64)
@@ -127,23 +124,21 @@ class WeightSender:
         layout = self._layout_for(state_dict)
         self.group.broadcast(_header(version, layout)).wait()
         tensors = list(state_dict.values())
-        in_flight: list[dist.Work | None] = [None, None]  # one per buffer
-        for i, (first, end) in enumerate(layout.buckets):
-            slot = i % 2
-            if end - first == 1:  # a lone tensor goes from its own storage, no copy
-                payload = as_bytes(tensors[first])
-            else:
-                if in_flight[slot] is not None:  # the buffer is still being sent: wait before refilling it
-                    in_flight[slot].wait()  # type: ignore[union-attr]
-                    in_flight[slot] = None
-                payload = self._pack(tensors[first:end], self._buffers[slot])
-            work = self.group.broadcast(payload)
-            if in_flight[slot] is not None:
-                in_flight[slot].wait()  # type: ignore[union-attr]
-            in_flight[slot] = work
-        for work in in_flight:
-            if work is not None:
-                work.wait()
+        works: list[dist.Work] = []
+        buffer_work: list[dist.Work | None] = [None, None]  # the last broadcast out of each packing buffer
+        packed = 0  # packed buckets so far: they alternate between the two buffers
+        for first, end in layout.buckets:
+            if end - first == 1:  # a lone tensor goes from its own storage: no copy, nothing to wait for
+                works.append(self.group.broadcast(as_bytes(tensors[first])))
+                continue
+            slot, packed = packed % 2, packed + 1
+            if buffer_work[slot] is not None:  # its last bucket must be out before the buffer is refilled
+                buffer_work[slot].wait()  # type: ignore[union-attr]
+            # packing here overlaps the broadcasts already posted
+            buffer_work[slot] = self.group.broadcast(self._pack(tensors[first:end], self._buffers[slot]))
+            works.append(buffer_work[slot])  # type: ignore[arg-type]
+        for work in works:
+            work.wait()
         return layout.total_bytes
 
     def _layout_for(self, state_dict: Mapping[str, torch.Tensor]) -> Layout:
@@ -191,31 +186,32 @@ class WeightReceiver:
             raise RuntimeError(f"weight layout mismatch: sender has fingerprint {fingerprint} and {total} bytes, "
                                f"this engine {self.layout.fingerprint} and {self.layout.total_bytes}; "
                                "trainer and engines must hold the same model")
-        # post bucket i + 1 before unpacking bucket i, so copying out overlaps the transfer
+        # lone tensors are received in place and can all be posted at once; a packed bucket is unpacked
+        # only after the next one is posted, so copying out overlaps the transfer
+        works: list[dist.Work] = []
         pending: tuple[dist.Work, int, torch.Tensor] | None = None
-        for i in range(len(self.layout.buckets)):
-            target = self._target(i)
-            work = self.group.broadcast(target)
-            if pending is not None:
-                self._finish(*pending)
-            pending = (work, i, target)
+        packed = 0  # packed buckets so far: they alternate between the two buffers
+        for i, (first, end) in enumerate(self.layout.buckets):
+            if end - first == 1:
+                works.append(self.group.broadcast(as_bytes(self._state[self.layout.tensors[first].name])))
+                continue
+            buffer = self._buffers[packed % 2][:self.layout.bucket_bytes(i)]
+            packed += 1
+            work = self.group.broadcast(buffer)
+            if pending is not None:  # the previous packed bucket, in the other buffer
+                self._unpack(*pending)
+            pending = (work, i, buffer)
         if pending is not None:
-            self._finish(*pending)
+            self._unpack(*pending)
+        for work in works:
+            work.wait()
         return dict(self._state), version
 
-    def _target(self, index: int) -> torch.Tensor:
-        """Where bucket `index` lands: a lone tensor's own storage, else a packing buffer (two, alternating)."""
-        first, end = self.layout.buckets[index]
-        if end - first == 1:
-            return as_bytes(self._state[self.layout.tensors[first].name])
-        return self._buffers[index % 2][:self.layout.bucket_bytes(index)]
-
-    def _finish(self, work: dist.Work, index: int, target: torch.Tensor) -> None:
+    def _unpack(self, work: dist.Work, index: int, buffer: torch.Tensor) -> None:
+        """Wait for packed bucket `index`, then copy each tensor's bytes out of its buffer."""
         work.wait()
         first, end = self.layout.buckets[index]
-        if end - first == 1:
-            return  # received in place
         offset = 0
         for spec in self.layout.tensors[first:end]:
-            as_bytes(self._state[spec.name]).copy_(target[offset:offset + spec.nbytes])
+            as_bytes(self._state[spec.name]).copy_(buffer[offset:offset + spec.nbytes])
             offset += spec.nbytes
