@@ -8,7 +8,7 @@ round times, on rank 0 between barriers, (a) `WeightSender.send` matched by `Wei
 same byte count into a preallocated buffer. Rounds alternate the two; the best round of each is kept
 (a shared 2-core machine makes the median noisy). Prints both rates and the ratio (goal >= 0.8).
 
-Usage: python bench/sync_speed.py [--engines 2] [--hidden 768] [--layers 4] [--rounds 5] [--bucket-mb 1]
+Usage: python bench/sync_speed.py [--engines 2] [--hidden 768] [--layers 4] [--rounds 10] [--bucket-mb 1]
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def main() -> None:
     ap.add_argument("--engines", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=768)
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--bucket-mb", type=int, default=1)
     args = ap.parse_args()
     store = SyncGroup.host_store("127.0.0.1", args.engines + 1)  # rank 0 here: the port is known before spawning

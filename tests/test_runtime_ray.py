@@ -49,8 +49,15 @@ class Receiver:
 
 
 def _mixed_state_dict() -> dict[str, torch.Tensor]:
+    """Every path of a 4 KB bucket: packed buckets between lone tensors, odd and even counts of them."""
     g = torch.Generator().manual_seed(7)
+    blocks = {}
+    for k in range(3):
+        for j in range(2 + k):  # 1200 B each: buckets of 3 tensors, so 1 or 2 packed buckets per block
+            blocks[f"block{k}.small{j}"] = torch.randn(300, generator=g)
+        blocks[f"block{k}.big"] = torch.randn(40, 200, generator=g)  # 32 KB: alone
     return {
+        **blocks,
         "small": torch.randn(3, 5, generator=g),
         "big_bf16": torch.randn(1500, 700, generator=g).to(torch.bfloat16),  # > a bucket: sent alone
         "ints": torch.arange(7, dtype=torch.int64) * -3,
