@@ -3,7 +3,7 @@
 The group is a `ProcessGroupGloo` of its own (store + ranks), not torch's default process group:
 the trainer's ranks keep the default group for DDP/FSDP, and an engine may live in a process that
 has one of its own. Rank 0 (the trainer) hosts the TCP store on a free port; engines are ranks
-1..n. On GPUs the same protocol runs over NCCL; this module is the CPU (gloo) path.
+1..n. Only gloo (CPU tensors) is wired; on GPUs the same protocol would run over NCCL.
 
 Protocol, one `send` matched by one `receive` on every engine:
 1. a header of three int64: version, layout fingerprint, total bytes. Both sides derive the layout
@@ -11,8 +11,10 @@ Protocol, one `send` matched by one `receive` on every engine:
    travel; the fingerprint catches a mismatch before any weight is misread;
 2. the tensors as raw bytes, in buckets of about `bucket_bytes`: small tensors are packed together
    (one broadcast per bucket rather than per tensor: gloo's per-call latency dominates small
-   tensors), a tensor at least a bucket in size goes alone, straight from (into) its own storage.
-   Packing the next bucket overlaps the broadcast of the current one (two buffers, async ops).
+   tensors); a bucket of one tensor (any tensor of a bucket's size or more) goes straight from
+   (into) that tensor's own storage, without a copy.
+   Broadcasts are asynchronous: lone tensors are all posted at once, packing (unpacking) a bucket
+   overlaps the transfer of the one before (after) it, in two alternating buffers.
 Bytes, not values: what arrives is bitwise what the trainer holds, whatever the dtype.
 """
 
