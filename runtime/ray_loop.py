@@ -180,6 +180,8 @@ class EngineHandle:
 
 
 class RayLoop:
+    """The driver: the shared controller over engine handles and the trainer actor (see the module docstring)."""
+
     def __init__(self, control: Controller, engines: list[EngineHandle], trainer: Any,
                  out_dir: Path | None = None) -> None:
         self.control, self.engines, self.trainer, self.out_dir = control, engines, trainer, out_dir
