@@ -1,47 +1,35 @@
 """The asynchronous RL loop, in one process: engines generate while the trainer trains on what is ready.
 
-Scheduling (this slice): a deterministic round-robin. Each tick routes what the capacity rule
-allows, runs one continuous-batching iteration on every engine, and lets the trainer take a step
-as soon as the staleness-safe selection says one is ready; new weights (with their version) then
-go to every engine. Generation and training interleave rather than overlap in wall time, but
-the logic is the asynchronous one: engines run ahead of the trainer by up to eta versions, samples
-are trained up to eta versions stale, and the decoupled loss corrects for it. The same engine and
-trainer objects are meant to run in threads or Ray actors next, with this loop's routing and
-selection unchanged.
-
-Routing is AReaL's: whole GRPO groups are admitted (a group's advantages need all its samples) while
-the capacity rule allows, each sample to the accepting engine with the fewest requests.
+Scheduling: a deterministic round-robin. Each tick routes what the capacity rule allows, runs one
+continuous-batching iteration on every engine, and lets the trainer take a step as soon as the
+staleness-safe selection says one is ready; new weights (with their version) then go to every
+engine. Generation and training interleave rather than overlap in wall time, but the logic is the
+asynchronous one: engines run ahead of the trainer by up to eta versions, samples are trained up
+to eta versions stale, and the decoupled loss corrects for it. Routing, selection and records live
+in runtime.controller, shared with the Ray driver (runtime.ray_loop), where engines and trainer
+are separate processes and do overlap.
 """
 
 from __future__ import annotations
 
-import random
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
-from runtime.engine import Completion, Request, RolloutEngine, TorchEngine, generate
+from runtime.controller import Controller, LoopConfig
+from runtime.engine import Request, RolloutEngine, TorchEngine, generate
 from runtime.model import CharTokenizer, build_model, save_model, tiny_llama_config
 from runtime.records import RunRecorder
 from runtime.task import AdditionTask
-from runtime.trainer import Rollout, StepStats, TrainConfig, Trainer
-from traces.staleness import CapacityController
+from runtime.trainer import StepStats, TrainConfig, Trainer
 
-
-@dataclass(frozen=True)
-class LoopConfig:
-    steps: int
-    prompts_per_step: int = 16  # GRPO groups per step; the capacity rule counts groups
-    group_size: int = 16
-    staleness: int = 2  # eta
-    checkpoint_every: int = 0  # steps; 0 = only at the end (when out_dir is given)
-    max_idle_ticks: int = 1000  # a tick where nothing can move is a bug; stop rather than spin
+__all__ = ["AsyncLoop", "LoopConfig", "RunResult", "evaluate", "run_toy", "summarize"]
 
 
 @dataclass(frozen=True)
@@ -70,42 +58,33 @@ class RunResult:
         return self.samples / self.seconds if self.seconds > 0 else 0.0
 
 
-@dataclass
-class _Group:
-    uid: int
-    start_version: int
-    prompt: str
-    done: list[Completion] = field(default_factory=list)
-
-
 class AsyncLoop:
+    """The controller driven in one process: a deterministic round-robin over engines and trainer."""
+
     def __init__(self, task: AdditionTask, tokenizer: CharTokenizer, engines: list[RolloutEngine], trainer: Trainer,
                  config: LoopConfig, seed: int = 0, out_dir: Path | None = None,
                  clock: Callable[[], float] = time.perf_counter,
                  progress: Callable[[dict[str, Any]], None] | None = None) -> None:
-        self.task, self.tokenizer, self.engines, self.trainer, self.config = task, tokenizer, engines, trainer, config
-        self.rng = random.Random(seed)
-        self.ctl: CapacityController[list[Rollout]] = CapacityController(config.prompts_per_step, config.staleness)
+        self.engines, self.trainer, self.config = engines, trainer, config
+        self.control = Controller(task, tokenizer, config, seed, out_dir, clock, progress)
         self.clock = clock
-        self.progress = progress  # called with each step's metrics row, e.g. to print it
         self.out_dir = out_dir
-        self.recorder = RunRecorder(out_dir, clock())
-        self.groups: dict[int, _Group] = {}
-        self.history: list[StepStats] = []
-        self._last_step_end = self.recorder.origin
+
+    @property
+    def recorder(self) -> RunRecorder:
+        return self.control.recorder
 
     def run(self) -> list[StepStats]:
+        control = self.control
         idle = 0
-        while self.trainer.version < self.config.steps:
-            moved = self._route()
+        while not control.done:
+            moved = control.route(self.engines)
             for engine in self.engines:
                 for c in engine.step():
-                    self._complete(c)
+                    control.complete(c)
                     moved = True
-                for iv in engine.drain_intervals():
-                    self.recorder.interval(engine.name, "rollout", iv.activity, iv.start, iv.end, iv.version,
-                                           iv.samples)
-            if self.ctl.ready(self.trainer.version):
+                control.engine_intervals(engine.name, engine.drain_intervals())
+            if control.ready():
                 self._train()
                 moved = True
             idle = 0 if moved or not all(e.idle() for e in self.engines) else idle + 1
@@ -114,71 +93,18 @@ class AsyncLoop:
         if self.out_dir is not None:
             self.trainer.save_checkpoint(self.out_dir / "checkpoint.pt")
         self.recorder.flush()
-        return self.history
-
-    def _route(self) -> bool:
-        """Admit whole groups while the capacity rule and the accepting engines' free slots allow."""
-        n = self.config.group_size
-        version = self.ctl.version
-        open_engines = [e for e in self.engines if e.accepting(version)]
-        loads = {e.name: e.load() for e in open_engines}
-        routed = False
-        while self.ctl.allowance() > 0 and sum(e.capacity() - loads[e.name] for e in open_engines) >= n:
-            uid, start = self.ctl.admit()
-            prompt = self.task.sample(self.rng)
-            self.groups[uid] = _Group(uid, start, prompt)
-            ids = tuple(self.tokenizer.encode(prompt))
-            for j in range(n):
-                target = min((e for e in open_engines if loads[e.name] < e.capacity()), key=lambda e: loads[e.name])
-                target.submit([Request(uid * n + j, ids, self.task.max_new_tokens)])
-                loads[target.name] += 1
-            routed = True
-        return routed
-
-    def _complete(self, c: Completion) -> None:
-        group = self.groups[c.sid // self.config.group_size]
-        group.done.append(c)
-        if len(group.done) < self.config.group_size:
-            return
-        del self.groups[group.uid]
-        rollouts = [
-            Rollout(c.prompt, c.tokens, c.logprobs, c.versions,
-                    self.task.reward(group.prompt, self.tokenizer.decode(c.tokens), c.finished), group.uid)
-            for c in sorted(group.done, key=lambda c: c.sid)  # completion order varies; keep batches reproducible
-        ]
-        self.ctl.complete(group.uid, group.start_version, rollouts)
+        return control.history
 
     def _train(self) -> None:
-        batch = [r for unit in self.ctl.take() for r in unit.item]
-        stats = self.trainer.train_step(batch)
-        for activity, start, end in self.trainer.last_intervals:
-            self.recorder.interval("trainer0", "trainer", activity, start, end, stats.step, len(batch))
+        stats = self.trainer.train_step(self.control.take())
         version = self.trainer.version
         t0 = self.clock()
         weights = self.trainer.weights()
         for engine in self.engines:
             engine.load_weights(weights, version)
-        self.recorder.interval("trainer0", "trainer", "sync", t0, self.clock(), version, len(batch))
-        self.ctl.new_version(version)
-        self.history.append(stats)
-        now = self.clock()
-        row: dict[str, Any] = {
-            "step": stats.step, "samples": stats.samples, "tokens": stats.tokens,
-            "mean_reward": round(stats.mean_reward, 6),
-            "samples_per_s": round(stats.samples / max(now - self._last_step_end, 1e-9), 3),
-            "max_staleness": stats.max_lag, "time": round(now - self.recorder.origin, 6),
-            "loss": round(stats.loss, 6), "clip_fraction": round(stats.clip_fraction, 6),
-            "dropped_fraction": round(stats.dropped_fraction, 6),
-            "mean_behav_weight": round(stats.mean_behav_weight, 6), "grad_norm": round(stats.grad_norm, 6),
-            "entropy": round(stats.entropy, 6),
-            "staleness_tokens": dict(stats.lags),
-        }
-        self.recorder.metric(row)
-        if self.progress is not None:
-            self.progress(row)
-        self._last_step_end = now
-        every = self.config.checkpoint_every
-        if self.out_dir is not None and every and version % every == 0:
+        self.control.stepped(stats, self.trainer.last_intervals, (t0, self.clock()), version)
+        if self.control.checkpoint_due(version):
+            assert self.out_dir is not None
             self.trainer.save_checkpoint(self.out_dir / "checkpoint.pt")
             self.recorder.flush()
 
@@ -235,6 +161,11 @@ def run_toy(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0, out
         history = loop.run()
     seconds = loop.clock() - loop.recorder.origin
     after = evaluate(trainer.model, task, tokenizer)
+    return summarize(history, before, after, task, seconds, out)
+
+
+def summarize(history: list[StepStats], before: float, after: float, task: AdditionTask, seconds: float,
+              out: Path | None) -> RunResult:
     lags: Counter[int] = Counter()
     for s in history:
         lags.update(dict(s.lags))
