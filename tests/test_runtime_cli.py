@@ -9,6 +9,8 @@ from pathlib import Path
 def test_rlfleet_run_learns_within_the_bound(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     res = cli("run", "traces/data/plans/toy-cpu.json", "--steps", "150", "--out", str(tmp_path), "--json")
     assert res.code == 0, res.err
+    assert res.json()["executor"] == "ray"  # engines and trainer were Ray actors, weights over gloo
+    assert res.code == 0, res.err
     out = res.json()
     print(f"reward {out['eval_before']:.3f} -> {out['eval_after']:.3f} (chance {out['chance']:.3f}) "
           f"in {out['seconds']:.1f} s, max staleness {out['max_staleness']}")
@@ -23,5 +25,5 @@ def test_rlfleet_run_learns_within_the_bound(cli, tmp_path: Path) -> None:  # ty
 def test_rlfleet_run_refuses_what_it_cannot_do(cli, write) -> None:  # type: ignore[no-untyped-def]
     colocated = write("p.json", json.dumps({"mode": "colocated", "rollout": [{"gpu_type": "H100", "instances": 1}],
                                             "trainer": {"gpu_type": "H100", "dp": 1}}))
-    res = cli("run", str(colocated), "--steps", "1")
+    res = cli("run", str(colocated), "--steps", "1", "--local")
     assert res.code == 2 and "colocated" in res.err and len(res.err.strip().splitlines()) == 1

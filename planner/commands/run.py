@@ -1,8 +1,8 @@
 """`rlfleet run`: execute a plan's RL loop (the toy task on CPU today) and record it.
 
-The executor is the in-process one (runtime.loop): one trainer and the plan's engine count, under
-the plan's staleness bound, interleaved in one process. Ray actors and torch.distributed weight
-sync (runtime.placement places the groups already) are the next slice of the runtime issue.
+By default engines and trainer are Ray actors placed by GPU type (runtime.ray_loop: a local Ray on
+loopback, or `--address` to join one) with weights broadcast over torch.distributed (gloo);
+`--local` interleaves them in one process instead (runtime.loop), which is quicker to start.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ def register(sub: Any) -> None:
     p.add_argument("--steps", type=positive_int, default=150, help="trainer steps (default 150)")
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     p.add_argument("--out", metavar="DIR", help="write metrics.jsonl, timeline.csv, checkpoint and model here")
+    p.add_argument("--address", help="join this Ray cluster (default: start a local one on loopback)")
+    p.add_argument("--local", action="store_true", help="run engines and trainer in this process, no Ray")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 
@@ -34,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
         import transformers
 
         from runtime.loop import run_toy
+        from runtime.ray_loop import run_toy_ray
     except ImportError as exc:
         raise SpecError(f"rlfleet run needs the runtime extra ({exc.name} is missing): pip install -e '.[runtime]'"
                         ) from None
@@ -45,15 +48,28 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError(f"the plan has {engines} engines; on one CPU machine run at most 16 (use a smaller plan)")
     torch.set_num_threads(1)  # tiny matrices: a second OpenMP thread only contends (measured 10-100x slower)
     transformers.utils.logging.disable_progress_bar()
+    if args.local and args.address:
+        raise SpecError("--local runs without Ray; drop --address or --local")
     with bar(args.steps, "training", unit="step") as progress:
-        result = run_toy(args.steps, engines=engines, staleness=plan.staleness, seed=args.seed, out_dir=args.out,
-                         progress=lambda _row: progress.update())
+        common = {"engines": engines, "staleness": plan.staleness, "seed": args.seed, "out_dir": args.out,
+                  "progress": lambda _row: progress.update()}
+        if args.local:
+            result = run_toy(args.steps, **common)
+        else:
+            import ray
+
+            try:
+                result = run_toy_ray(args.steps, address=args.address, **common)
+            finally:
+                ray.shutdown()
     summary = {"steps": result.steps, "engines": engines, "staleness_bound": plan.staleness,
                "eval_before": result.eval_before, "eval_after": result.eval_after, "chance": result.chance,
                "max_staleness": result.max_staleness, "samples_per_s": result.samples_per_s,
-               "seconds": result.seconds, "out": str(result.out_dir) if result.out_dir else None}
+               "seconds": result.seconds, "out": str(result.out_dir) if result.out_dir else None,
+               "executor": "local" if args.local else "ray"}
     emit(summary, args.json, [
-        f"{args.task}: {result.steps} steps, {engines} engines, staleness bound {plan.staleness}",
+        f"{args.task}: {result.steps} steps, {engines} engines, staleness bound {plan.staleness}, "
+        + ("in one process" if args.local else "on Ray"),
         f"  reward    {result.eval_before:.3f} -> {result.eval_after:.3f} (chance {result.chance:.3f}, "
         f"{result.eval_after / result.chance:.1f}x)",
         f"  staleness max {result.max_staleness} (bound {plan.staleness})",
