@@ -33,7 +33,7 @@ from sim.clock import timeout_at
 from sim.pending import Chunk, Pending
 from sim.recorder import Recorder
 from sim.samples import Samples
-from traces.staleness import allowance, batch_levels, batch_ready
+from traces.staleness import allowance, batch_levels, batch_ready, shortfalls
 
 
 class Worker(Protocol):
@@ -79,11 +79,18 @@ def water_fill(n: int, loads: np.ndarray, caps: np.ndarray, keys: np.ndarray, ro
     return engine[order[:n]]
 
 
-class RoutesAtEndOfInstant:
-    """Routing deferred to the end of the current instant, at most once per instant (both controllers)."""
+class ControllerBase:
+    """What both controllers (this one and the token-level reference's) share: the admission counts
+    of the staleness rule, and routing deferred to the end of the current instant."""
 
-    env: simpy.Environment
-    _dispatch_pending: bool
+    def __init__(self, env: simpy.Environment, batch: int, eta: int) -> None:
+        self.env = env
+        self._dispatch_pending = False
+        self.batch = batch
+        self.eta = eta
+        self.version = 0
+        self.admitted = 0
+        self.in_flight: Counter[int] = Counter()  # start version -> samples admitted, not yet buffered
 
     def allowance(self) -> int:
         raise NotImplementedError
@@ -107,17 +114,11 @@ class RoutesAtEndOfInstant:
         self.dispatch()
 
 
-class Controller(RoutesAtEndOfInstant):
+class Controller(ControllerBase):
     def __init__(self, env: simpy.Environment, batch: int, eta: int, samples: Samples) -> None:
-        self.env = env
-        self._dispatch_pending = False
-        self.batch = batch
-        self.eta = eta
-        self.version = 0
-        self.admitted = 0
+        super().__init__(env, batch, eta)
         self.samples = samples
         self._total = len(samples)
-        self.in_flight: Counter[int] = Counter()  # start version -> samples admitted, not yet buffered
         self.buffer: dict[int, list[np.ndarray]] = {}  # start version -> completed sample ids, not yet trained
         self.buffered_by: Counter[int] = Counter()
         self.buffered = 0
@@ -226,27 +227,14 @@ class Controller(RoutesAtEndOfInstant):
     def watch(self, step: int) -> None:
         """Wake the trainer (on_buffer) only once completions could make `step` ready.
 
-        `ready` compares, for each start version L, the samples of versions <= L left untrained with
-        what the remaining steps may take; a completion only moves a sample from in flight to the
-        buffer, so untrained(L) = total(L) - min(B, buffered(L)) and the condition is a count per L:
-        buffered(L) >= total(L) - allowed(L), and buffered(step) >= B. The planned completions say
-        when those counts are met; one timer wakes the trainer then, reset whenever plans change.
+        traces.staleness.shortfalls counts the completions still missing per start version.
+        The planned completions say when they are met; one timer wakes the trainer then,
+        reset whenever plans change.
         The trainer still confirms with `ready`; admissions recompute this.
         """
         self.deliver()
         self._watch_step = step
-        self._short = {}
-        levels = [lv for lv, n in self.in_flight.items() if n > 0] + [lv for lv, b in self.buffered_by.items() if b]
-        total = buffered = 0
-        for level in range(min(levels, default=step), step + 1):
-            here = self.buffered_by.get(level, 0)
-            total += self.in_flight.get(level, 0) + here
-            buffered += here
-            need = total - max(0, level + self.eta - step) * self.batch
-            if level == step:
-                need = max(need, self.batch)
-            if need > buffered:
-                self._short[level] = need - buffered
+        self._short = shortfalls(step, self.eta, self.batch, self.in_flight, self.buffered_by)
         self._retime()
 
     def unwatch(self) -> None:

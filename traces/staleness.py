@@ -40,6 +40,30 @@ def batch_levels(buffered_by: Mapping[int, int], batch: int) -> dict[int, int]:
     return out
 
 
+def shortfalls(step: int, eta: int, batch: int, in_flight: Mapping[int, int], buffered_by: Mapping[int, int]
+               ) -> dict[int, int]:
+    """Per start version L, how many more completions of versions <= L step `step` still needs.
+
+    A completion only moves a unit from in flight to the buffer, so `batch_ready`'s condition is a
+    count per L: buffered(<= L) >= total(<= L) - allowed(L), and buffered(<= step) >= batch. Empty
+    means ready; each completion at version v lowers every shortfall at L >= v by one, which lets a
+    caller wake its trainer only when they all reach zero.
+    """
+    out: dict[int, int] = {}
+    levels = [lv for lv, n in in_flight.items() if n > 0] + [lv for lv, b in buffered_by.items() if b]
+    total = buffered = 0
+    for level in range(min(levels, default=step), step + 1):
+        here = buffered_by.get(level, 0)
+        total += in_flight.get(level, 0) + here
+        buffered += here
+        need = total - max(0, level + eta - step) * batch
+        if level == step:
+            need = max(need, batch)
+        if need > buffered:
+            out[level] = need - buffered
+    return out
+
+
 def batch_ready(step: int, eta: int, batch: int, in_flight: Mapping[int, int], buffered_by: Mapping[int, int]
                 ) -> bool:
     """Step `step` may train the `batch` oldest completed units without breaking the bound later."""

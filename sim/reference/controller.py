@@ -5,17 +5,16 @@ decode iteration would be shortest), kept simple so the fast path has an indepen
 from __future__ import annotations
 
 import heapq
-from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
 import simpy
 
-from sim.controller import RoutesAtEndOfInstant
+from sim.controller import ControllerBase
 from sim.recorder import Recorder
 from sim.reference.sample import Sample
-from traces.staleness import allowance, batch_levels, batch_ready
+from traces.staleness import allowance, batch_levels, batch_ready, shortfalls
 
 
 class Worker(Protocol):
@@ -28,18 +27,12 @@ class Worker(Protocol):
     def assign(self, samples: list[Sample]) -> None: ...
 
 
-class Controller(RoutesAtEndOfInstant):
+class Controller(ControllerBase):
     def __init__(self, env: simpy.Environment, batch: int, eta: int, prompts: np.ndarray, responses: np.ndarray
                  ) -> None:
-        self.env = env
-        self._dispatch_pending = False
-        self.batch = batch
-        self.eta = eta
-        self.version = 0
-        self.admitted = 0
+        super().__init__(env, batch, eta)
         self._prompts: list[int] = prompts.tolist()  # plain ints: indexing numpy per sample is slow
         self._responses: list[int] = responses.tolist()
-        self.in_flight: Counter[int] = Counter()  # start version -> samples admitted, not yet buffered
         self.buffer: dict[int, list[Sample]] = {}  # start version -> completed samples, not yet trained
         self.buffered = 0
         self.engines: list[Worker] = []
@@ -100,26 +93,12 @@ class Controller(RoutesAtEndOfInstant):
     def watch(self, step: int) -> None:
         """Wake the trainer (on_buffer) only once completions could make `step` ready.
 
-        `ready` compares, for each start version L, the samples of versions <= L left untrained with
-        what the remaining steps may take; a completion only moves a sample from in flight to the
-        buffer, so untrained(L) = total(L) - min(B, buffered(L)) and the condition is a count per L:
-        buffered(L) >= total(L) - allowed(L), and buffered(step) >= B. Each completion at version v
-        lowers the shortfall of every L >= v by one, so checking costs O(eta) per completion, and
-        `ready` itself runs once. The trainer still confirms with `ready`; admissions recompute this.
+        traces.staleness.shortfalls counts the completions still missing per start version.
+        Each completion lowers them; the trainer wakes when none is left.
+        The trainer still confirms with `ready`; admissions recompute this.
         """
         self._watch_step = step
-        self._short = {}
-        levels = [lv for lv, n in self.in_flight.items() if n > 0] + [lv for lv, b in self.buffer.items() if b]
-        total = buffered = 0
-        for level in range(min(levels, default=step), step + 1):
-            here = len(self.buffer.get(level, ()))
-            total += self.in_flight.get(level, 0) + here
-            buffered += here
-            need = total - max(0, level + self.eta - step) * self.batch
-            if level == step:
-                need = max(need, self.batch)
-            if need > buffered:
-                self._short[level] = need - buffered
+        self._short = shortfalls(step, self.eta, self.batch, self.in_flight, self._counts())
 
     def unwatch(self) -> None:
         self._watch_step, self._short = None, {}
