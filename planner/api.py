@@ -98,8 +98,8 @@ def solve(cand: Candidates, mode: Mode, objective: Objective, budget: float | No
 
 def _score(name: str, cm: CostModel, cluster: Cluster, workload: Workload, cand: Candidates, sol: Solution,
            sim_steps: int, seed: int) -> Scored:
-    sol = reprice_sync(cm, cluster, workload, cand, sol, cand.sync_seconds)
-    plan = to_plan(cluster, workload, cand, sol)
+    plan = to_plan(cluster, workload, cand, sol)  # nodes only: repricing the sync does not move them
+    sol = reprice_sync(cm, cluster, workload, cand, sol, plan)
     result = simulate(cluster, _for_mode(workload, sol.mode), plan, cm, steps=sim_steps, seed=seed,
                       record_queue=False) if sim_steps > 0 else None
     return Scored(name, plan, sol, result)

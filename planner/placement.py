@@ -2,18 +2,18 @@
 
 The trainer takes the first nodes of its pool (a pool's nodes are identical, and the trainer's pool
 was chosen by the MILP, so these are as well connected as any); engines fill the remaining nodes
-of each pool in order, `per_node / tp` to a node. Weight sync is then re-priced on the real links:
-the slowest path from the trainer's pool to any pool hosting engines.
+of each pool in order, `per_node / tp` to a node. Weight sync is then re-priced on the real links
+(traces.links, the path the simulator prices too).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from planner.candidates import Candidates, EngineOption, Pool
 from planner.milp import Solution, evaluate
 from traces import Cluster, CostModel, Plan, RolloutGroup, TrainerGroup, Workload
+from traces.links import sync_path_bytes_per_s
 
 
 def _nodes_for_engines(pool: Pool, skip: int, counts: list[tuple[EngineOption, int]]) -> list[tuple[int, ...]]:
@@ -31,28 +31,13 @@ def _nodes_for_engines(pool: Pool, skip: int, counts: list[tuple[EngineOption, i
     return out
 
 
-def path_bytes_per_s(cluster: Cluster, cand: Candidates, solution: Solution) -> float:
-    """The slowest link from the trainer's pool to a pool that hosts engines (NVLink if the same node)."""
-    groups = cluster.node_groups
-    t_pool = cand.pools[solution.trainer.pool]
-    if solution.mode == "colocated":
-        return t_pool.gpu.link_bytes_per_s
-    best = math.inf
-    for option, _ in solution.engines:
-        e_pool = cand.pools[option.pool]
-        bw = min(t_pool.inter_node_bytes_per_s, e_pool.inter_node_bytes_per_s)
-        label_bw = cluster.label_bandwidth(groups[t_pool.index].label, groups[e_pool.index].label)
-        best = min(best, bw if label_bw is None else min(bw, label_bw))
-    return best
-
-
 def reprice_sync(cm: CostModel, cluster: Cluster, workload: Workload, cand: Candidates, solution: Solution,
-                 estimated_sync_s: float) -> Solution:
-    """The solution with weight sync priced on its real links and engine count."""
+                 plan: Plan) -> Solution:
+    """The solution with weight sync priced on its placed plan's real links and engine count."""
     engines = sum(n for _, n in solution.engines)
     t_gpu = cand.pools[solution.trainer.pool].gpu
-    real = float(cm.sync(t_gpu, workload.model, engines, path_bytes_per_s(cluster, cand, solution)).seconds)
-    step = solution.trainer.step_seconds - estimated_sync_s + real
+    real = float(cm.sync(t_gpu, workload.model, engines, sync_path_bytes_per_s(cluster, plan)).seconds)
+    step = solution.trainer.step_seconds - cand.sync_seconds + real
     trainer = dataclasses.replace(solution.trainer, step_seconds=step, samples_per_s=cand.samples_per_step / step)
     rate, gen, train, tail, cost = evaluate(cand, trainer, solution.engines, solution.mode)
     return dataclasses.replace(solution, trainer=trainer, samples_per_s=rate, generation_per_s=gen,

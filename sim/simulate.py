@@ -18,8 +18,9 @@ from sim.recorder import Recorder
 from sim.result import SimResult
 from sim.samples import Samples
 from sim.trainer import Trainer
-from traces import Cluster, CostModel, NodeGroup, Plan, SpecError, Workload, get_gpu
+from traces import Cluster, CostModel, Plan, SpecError, Workload
 from traces.costmodel.rl import trainer_step_seconds
+from traces.links import sync_path_bytes_per_s
 from traces.plan import RolloutGroup
 from traces.progress import bar
 
@@ -82,33 +83,6 @@ def _engine_specs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Pla
     return specs
 
 
-def _path_bytes_per_s(cluster: Cluster, plan: Plan) -> float:
-    """Slowest link from the trainer's nodes to any engine's nodes (placed plans: the real nodes)."""
-    trainer_gpu = cluster.gpu(plan.trainer.gpu_type)
-    if plan.mode == "colocated":
-        return trainer_gpu.link_bytes_per_s
-    t_groups = _groups(cluster, plan.trainer.gpu_type, plan.trainer.nodes)
-    best = math.inf
-    for g in plan.rollout:
-        for rg in _groups(cluster, g.gpu_type, g.nodes):
-            for tg in t_groups:
-                bw = min(rg.inter_node_gb_per_s, tg.inter_node_gb_per_s) * 1e9
-                label_bw = cluster.label_bandwidth(rg.label, tg.label)
-                best = min(best, bw if label_bw is None else min(bw, label_bw))
-    return best
-
-
-def _groups(cluster: Cluster, gpu_type: str, nodes: tuple[int, ...]) -> list[NodeGroup]:
-    """The node groups a plan group sits on: its placed nodes' groups, else every group of its type."""
-    if not nodes:
-        return cluster.groups_of(gpu_type)
-    found = {id(g): g for g in (cluster.group_of_node(n) for n in nodes)}
-    wrong = [g.gpu_type for g in found.values() if g.gpu_type != get_gpu(gpu_type).name]
-    if wrong:
-        raise SpecError(f"plan places {gpu_type} work on nodes of type {wrong[0]}; fix the plan's nodes")
-    return list(found.values())
-
-
 def _step_costs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan
                 ) -> Callable[[int], tuple[float, float]]:
     t = plan.trainer
@@ -159,7 +133,7 @@ def simulate(
     n_engines = len(engines)
     ctl.request_dispatch()
     sync_s = float(cm.sync(cluster.gpu(plan.trainer.gpu_type), workload.model, n_engines,
-                           _path_bytes_per_s(cluster, plan)).seconds)
+                           sync_path_bytes_per_s(cluster, plan)).seconds)
 
     def push(version: int, ready_at: float) -> None:
         for e in engines:
