@@ -41,10 +41,7 @@ class _EngineSpec:
 def check_plan(cluster: Cluster, workload: Workload, plan: Plan) -> None:
     """The plan must fit the cluster and agree with the workload; SpecError says what to fix."""
     have = cluster.gpu_counts
-    need: dict[str, int] = {}
-    for gpu_type, roles in plan.gpus_by_type.items():
-        need[gpu_type] = roles["train"] + (0 if plan.mode == "colocated" else roles["rollout"])
-    for gpu_type, n in need.items():
+    for gpu_type, n in plan.gpus_in_use.items():
         if n > have.get(gpu_type, 0):
             raise SpecError(f"plan uses {n} {gpu_type} GPUs but cluster '{cluster.name}' has {have.get(gpu_type, 0)}")
     if plan.mode == "colocated":
@@ -217,10 +214,7 @@ def _result(
     for group, names in members.items():
         util[group] = sum(rec.busy[n] for n in names) / (len(names) * end) if end > 0 else 0.0
     util["trainer"] = rec.busy["trainer"] / end if end > 0 else 0.0
-    price = 0.0
-    for gpu_type, roles in plan.gpus_by_type.items():
-        gpus = roles["train"] + (0 if plan.mode == "colocated" else roles["rollout"])
-        price += gpus * cluster.gpu(gpu_type).price_per_gpu_hour
+    price = sum(n * cluster.gpu(gpu_type).price_per_gpu_hour for gpu_type, n in plan.gpus_in_use.items())
     return SimResult(
         samples_per_s=samples / window if window > 0 else 0.0,
         tokens_per_s=tokens / window if window > 0 else 0.0,

@@ -86,7 +86,7 @@ class Plan(BaseModel):
 
     @property
     def gpus_by_type(self) -> dict[str, dict[str, int]]:
-        """{gpu_type: {"rollout": n, "train": n}}; colocated plans count the shared GPUs once."""
+        """{gpu_type: {"rollout": n, "train": n}} by role (a colocated plan's GPUs appear in both)."""
         out: dict[str, dict[str, int]] = {}
         for group in self.rollout:
             out.setdefault(group.gpu_type, {"rollout": 0, "train": 0})["rollout"] += group.gpus
@@ -94,10 +94,15 @@ class Plan(BaseModel):
         return out
 
     @property
-    def total_gpus(self) -> int:
+    def gpus_in_use(self) -> dict[str, int]:
+        """{gpu_type: GPUs occupied}; a colocated plan's shared GPUs count once."""
         if self.mode == "colocated":
-            return self.trainer.gpus
-        return sum(g.gpus for g in self.rollout) + self.trainer.gpus
+            return {self.trainer.gpu_type: self.trainer.gpus}
+        return {t: roles["rollout"] + roles["train"] for t, roles in self.gpus_by_type.items()}
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(self.gpus_in_use.values())
 
     def to_frame(self) -> Any:
         """One row per group: role, GPU type, parallelism, GPUs and nodes (a pandas DataFrame)."""

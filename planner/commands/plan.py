@@ -52,13 +52,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _gpu_totals(plan: Any) -> dict[str, int]:
-    """GPUs per type, counting a colocated plan's shared GPUs once."""
-    if plan.mode == "colocated":
-        return {plan.trainer.gpu_type: plan.trainer.gpus}
-    return {k: r["rollout"] + r["train"] for k, r in plan.gpus_by_type.items()}
-
-
 def _nodes(nodes: tuple[int, ...]) -> str:
     if not nodes:
         return ""
@@ -83,7 +76,7 @@ def _lines(report: Any, summary: dict[str, Any], out: str | None) -> list[str]:
         lines.append("baselines (planned and simulated the same way, same budget):")
         for name, b in report.baselines.items():
             ratio = summary["samples_per_s"] / b.samples_per_s if b.samples_per_s > 0 else math.inf
-            gpus = ", ".join(f"{n} {k}" for k, n in _gpu_totals(b.plan).items())
+            gpus = ", ".join(f"{n} {k}" for k, n in b.plan.gpus_in_use.items())
             lines.append(f"  {name:<16} {b.samples_per_s:8.2f} samples/s  ${b.solution.cost_per_hour:8.2f}/h  "
                          f"plan is {ratio:.2f}x  ({gpus})")
     mode = summary["areal_allocation_mode"]
