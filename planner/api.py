@@ -11,21 +11,19 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from planner.candidates import Candidates, candidates
 from planner.explain import check_request, explain_empty, marginal_values
-from planner.milp import Objective, Solution, solve_async, solve_colocated, solve_sync
+from planner.milp import Mode, Objective, Solution, solve, solve_colocated
 from planner.placement import reprice_sync, to_plan
 from sim import SimResult, simulate
 from traces import Cluster, CostModel, NodeGroup, Plan, SpecError, Workload, get_gpu
 from traces.io import validate
 from traces.progress import bar
-
-Mode = Literal["async", "sync", "colocated"]
 
 
 @dataclass(frozen=True)
@@ -44,7 +42,7 @@ class Scored:
     def row(self) -> dict[str, Any]:
         return {"name": self.name, "samples_per_s": self.samples_per_s,
                 "analytic_samples_per_s": self.solution.samples_per_s, "cost_per_hour": self.solution.cost_per_hour,
-                "gpus": _gpus(self.plan), "mode": self.plan.mode}
+                "gpus": self.plan.gpus_by_type, "mode": self.plan.mode}
 
 
 @dataclass(frozen=True)
@@ -68,7 +66,7 @@ class PlanReport:
             "cost_per_hour": s.cost_per_hour,
             "cost_per_1k_samples": s.cost_per_hour / 3.6 / self.chosen.samples_per_s
             if self.chosen.samples_per_s > 0 else math.inf,
-            "gpus": _gpus(self.plan),
+            "gpus": self.plan.gpus_by_type,
             "mode": self.plan.mode,
             "gap": s.gap,
             "lp_bound": s.lp_bound,
@@ -83,19 +81,6 @@ class PlanReport:
         }
 
 
-def _gpus(plan: Plan) -> dict[str, dict[str, int]]:
-    return plan.gpus_by_type
-
-
-def solve(cand: Candidates, mode: Mode, objective: Objective, budget: float | None, target: float | None,
-          top_k: int, solver_name: str) -> list[Solution]:
-    if mode == "async":
-        return solve_async(cand, objective, budget=budget, target=target, top_k=top_k, solver_name=solver_name)
-    if mode == "sync":
-        return solve_sync(cand, objective, budget=budget, target=target, top_k=top_k, solver_name=solver_name)
-    return solve_colocated(cand, objective, budget=budget, target=target, top_k=top_k)
-
-
 def _score(name: str, cm: CostModel, cluster: Cluster, workload: Workload, cand: Candidates, sol: Solution,
            sim_steps: int, seed: int) -> Scored:
     plan = to_plan(cluster, workload, cand, sol)  # nodes only: repricing the sync does not move them
@@ -105,7 +90,7 @@ def _score(name: str, cm: CostModel, cluster: Cluster, workload: Workload, cand:
     return Scored(name, plan, sol, result)
 
 
-def _for_mode(workload: Workload, mode: str) -> Workload:
+def _for_mode(workload: Workload, mode: Mode) -> Workload:
     if workload.mode == mode:
         return workload
     return workload.model_copy(update={"mode": mode, "staleness": workload.staleness if mode == "async" else 0})
@@ -178,7 +163,7 @@ def _refine(cm: CostModel, cluster: Cluster, workload: Workload, cand: Candidate
                 continue
             seen.add((option.pool, option.nodes))
             only = dataclasses.replace(cand, trainers=(option,))
-            found = solve(only, best.solution.mode, objective, budget, target, 1, solver)  # type: ignore[arg-type]
+            found = solve(only, best.solution.mode, objective, budget, target, 1, solver)
             if not found:
                 continue
             scored = _score(f"refined-{len(out) - len(ranked) + 1}", cm, cluster, workload, cand, found[0],
@@ -263,7 +248,7 @@ def _fixed_split(cm: CostModel, cluster: Cluster, workload: Workload, cand: Cand
     closest = min(abs(t.nodes * cand.pools[t.pool].per_node - want) for t in trainers)
     keep = tuple(t for t in trainers if abs(t.nodes * cand.pools[t.pool].per_node - want) == closest)
     sub = dataclasses.replace(cand, pools=sub_pools, trainers=keep)
-    found = solve(sub, sol.mode, "throughput", None, None, 1, solver)  # type: ignore[arg-type]
+    found = solve(sub, sol.mode, "throughput", None, None, 1, solver)
     if not found:
         return None
     return _score(f"split {round(rollout_share * 100)}/{round((1 - rollout_share) * 100)}", cm, cluster, workload,

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from planner.candidates import Candidates, candidates
+from planner.milp import Mode, Objective, solve
 from traces import Cluster, CostModel, SpecError, Workload
-
-if TYPE_CHECKING:
-    from planner.milp import Objective
 
 
 class NoPlan(SpecError):
@@ -32,7 +29,7 @@ def check_request(objective: str, budget: float | None, target: float | None, to
         raise SpecError(f"sim_steps must be between 0 and 1000, got {sim_steps}")
 
 
-def explain_empty(cm: CostModel, cluster: Cluster, workload: Workload, cand: Candidates, mode: str,
+def explain_empty(cm: CostModel, cluster: Cluster, workload: Workload, cand: Candidates, mode: Mode,
                   objective: Objective, budget: float | None, target: float | None, solver: str) -> None:
     """Raise NoPlan with the first reason that applies."""
     model = workload.model
@@ -61,9 +58,7 @@ def explain_empty(cm: CostModel, cluster: Cluster, workload: Workload, cand: Can
             raise NoPlan(f"budget ${budget:.2f}/h is below the cheapest feasible plan (${cheapest:.2f}/h: the "
                          f"smallest trainer plus one engine); raise the budget to at least ${cheapest:.2f}/h")
     if target is not None:
-        from planner.api import solve
-
-        best = solve(cand, mode, "throughput", budget, None, 1, solver)  # type: ignore[arg-type]
+        best = solve(cand, mode, "throughput", budget, None, 1, solver)
         top = best[0].samples_per_s if best else 0.0
         within = f" within ${budget:.2f}/h" if budget is not None else ""
         raise NoPlan(f"target {target:g} samples/s is above the most this fleet can do{within} "
@@ -76,7 +71,7 @@ def _two_places(cand: Candidates) -> bool:
                for t in cand.trainers)
 
 
-def _cheapest(cand: Candidates, mode: str) -> float:
+def _cheapest(cand: Candidates, mode: Mode) -> float:
     trainer = min(t.price_per_hour for t in cand.trainers)
     return trainer if mode == "colocated" else trainer + min(o.price_per_hour for o in cand.engines)
 
@@ -87,14 +82,12 @@ def _smallest_trainer_gb(cm: CostModel, workload: Workload) -> float:
     return float(train_state_bytes(workload.model, 1, 1, 1, zero_stage=0)) / 1e9
 
 
-def marginal_values(cm: CostModel, cluster: Cluster, workload: Workload, mode: str, budget: float | None,
+def marginal_values(cm: CostModel, cluster: Cluster, workload: Workload, mode: Mode, budget: float | None,
                     solver: str) -> dict[str, float]:
     """Analytic samples/s gained per GPU if each pool had one more node: the best plan re-solved with
     and without it (same model, same budget), so the difference is the node's worth."""
-    from planner.api import solve
-
     def best(c: Cluster) -> float:
-        found = solve(candidates(cm, c, workload), mode, "throughput", budget, None, 1, solver)  # type: ignore[arg-type]
+        found = solve(candidates(cm, c, workload), mode, "throughput", budget, None, 1, solver)
         return found[0].samples_per_s if found else 0.0
 
     base = best(cluster)

@@ -41,6 +41,7 @@ from planner.candidates import Candidates, EngineOption, TrainerOption
 from traces import SpecError
 
 Objective = Literal["throughput", "cost"]
+Mode = Literal["async", "sync", "colocated"]
 SOLVE_SECONDS = 60  # a bound on any one solve, so no input can hang the planner
 TIE_BREAK = 1e-6  # samples/s traded per $/h among plans that tie on throughput
 FIXED_POINT_ROUNDS = 4
@@ -57,7 +58,7 @@ class Solution:
     cost_per_hour: float
     lp_bound: float  # the LP relaxation's objective: no plan can do better
     gap: float  # proven optimality gap of this solution (0 for exact enumeration)
-    mode: str = "async"
+    mode: Mode = "async"
 
     @property
     def bottleneck(self) -> str:
@@ -96,7 +97,7 @@ def generation(engines: tuple[tuple[EngineOption, int], ...], in_flight: float) 
 
 
 def evaluate(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...],
-             mode: str = "async") -> tuple[float, float, float, float, float]:
+             mode: Mode = "async") -> tuple[float, float, float, float, float]:
     """(samples/s, generation, training, tail ceiling, $/h) of one allocation, analytically."""
     batch = cand.samples_per_step
     shared = mode == "colocated"
@@ -186,7 +187,7 @@ def _quiet_stdout() -> Iterator[None]:
         os.close(saved)
 
 
-def _make(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...], mode: str,
+def _make(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...], mode: Mode,
           lp_bound: float, gap: float) -> Solution:
     rate, gen, train, tail, cost = evaluate(cand, trainer, engines, mode)
     return Solution(trainer, engines, rate, gen, train, tail, cost, lp_bound, gap, mode)
@@ -314,3 +315,13 @@ def _best(found: list[Solution], objective: Objective, top_k: int, budget: float
     # enumeration is exact: the best found is the bound
     best = ranked[0].samples_per_s if objective == "throughput" else ranked[0].cost_per_hour
     return [dataclasses.replace(s, lp_bound=best) for s in ranked[:top_k]]
+
+
+def solve(cand: Candidates, mode: Mode, objective: Objective, budget: float | None, target: float | None,
+          top_k: int, solver_name: str = "auto") -> list[Solution]:
+    """The best `top_k` plans of a mode: the async MILP, or the exact on-policy enumerations."""
+    if mode == "async":
+        return solve_async(cand, objective, budget=budget, target=target, top_k=top_k, solver_name=solver_name)
+    if mode == "sync":
+        return solve_sync(cand, objective, budget=budget, target=target, top_k=top_k, solver_name=solver_name)
+    return solve_colocated(cand, objective, budget=budget, target=target, top_k=top_k)

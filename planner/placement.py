@@ -58,6 +58,6 @@ def to_plan(cluster: Cluster, workload: Workload, cand: Candidates, solution: So
         skip = 0 if solution.mode == "colocated" or pool.index != t.pool else t.nodes
         for (option, n), nodes in zip(counts, _nodes_for_engines(pool, skip, counts), strict=True):
             rollout.append(RolloutGroup(gpu_type=pool.gpu.name, tp=option.tp, instances=n, nodes=nodes))
-    return Plan(cluster=cluster.name, workload=workload.name, model=workload.model.name, mode=solution.mode,  # type: ignore[arg-type]
+    return Plan(cluster=cluster.name, workload=workload.name, model=workload.model.name, mode=solution.mode,
                 staleness=cand.staleness if solution.mode == "async" else 0, rollout=tuple(rollout), trainer=trainer,
                 predicted=predicted or {})
