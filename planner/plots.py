@@ -6,6 +6,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from sim.plots import gpu_colour, plt
+from traces import gpu_names
 
 LINE_COLOURS = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d"]
 
@@ -36,7 +37,7 @@ def pareto_frontier(frontiers: dict[str, pd.DataFrame], title: str | None = None
         if frame.empty:
             continue
         frame = frame.sort_values("samples_per_s")
-        colour = gpu_colour(name) if name in _gpu_names() else LINE_COLOURS[i % len(LINE_COLOURS)]
+        colour = gpu_colour(name) if name in gpu_names() else LINE_COLOURS[i % len(LINE_COLOURS)]
         ax.step(frame.samples_per_s, frame.cost_per_hour, where="post", marker="o", color=colour, label=name)
     ax.set_xlabel("throughput (samples/s)")
     ax.set_ylabel("cost ($/h)")
@@ -44,12 +45,6 @@ def pareto_frontier(frontiers: dict[str, pd.DataFrame], title: str | None = None
     ax.set_title(title or "Cheapest plan for each throughput")
     fig.tight_layout()
     return fig
-
-
-def _gpu_names() -> list[str]:
-    from traces import gpu_names
-
-    return gpu_names()
 
 
 def baselines_bar(plan_rate: float, baselines: dict[str, float], title: str | None = None) -> Figure:

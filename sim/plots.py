@@ -8,6 +8,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from sim.result import SimResult
+from traces import gpu_names
 
 ACTIVITY_COLOURS = {
     "decode": "#4c78a8", "prefill": "#72b7b2", "reprefill": "#e45756", "weight_load": "#f58518",
@@ -40,8 +41,6 @@ def gantt(result: SimResult, max_resources: int = 24, title: str | None = None) 
 
 def gpu_colour(name: str) -> str:
     """One colour per GPU type, the same in every plot (catalog order over a 12-colour palette)."""
-    from traces import gpu_names
-
     palette = plt.get_cmap("tab20").colors
     names = gpu_names()
     index = names.index(name) if name in names else len(names)
