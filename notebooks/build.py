@@ -138,8 +138,72 @@ pd.DataFrame(best).sort_values(["samples_per_s", "cost_per_hour"]).groupby(
     pd.cut(pd.DataFrame(best).samples_per_s, 6), observed=True).first()"""),
 ]
 
+VALIDATE = [
+    ("md", """# Validate: predicted vs measured
+
+A simulator is only as good as its costs. Here is a real run of rlfleet's runtime: the toy addition
+task on `tiny-llama-256`, one rollout engine and one trainer as Ray actors, weights broadcast over
+gloo, staleness bound 2, on this repository's 2-core CPU machine. Beside it are the stage costs
+`rlfleet profile` measured on the same machine. We simulate the run's own plan, observed workload
+and cluster (the run folder holds all three), then compare throughput, stage times and timelines.
+
+Both are shipped (`traces/data/runs/toy-cpu-256/`, `traces/data/profiles/cpu-tiny-llama-256.csv`).
+To make your own on any machine:
+
+    rlfleet profile --model tiny-llama-256 --gpu-type CPU --out my-profile.csv
+    rlfleet run traces/data/plans/toy-cpu-256.json --profile my-profile.csv --out my-run
+    rlfleet fidelity my-run --profile my-profile.csv"""),
+    ("code", """import matplotlib.pyplot as plt
+import pandas as pd
+from sim.fidelity import predict_run
+from sim.plots import gantt
+from traces import CostModel, ProfileTable
+from traces.records import read_run
+
+record = read_run("traces/data/runs/toy-cpu-256")
+profile = ProfileTable.from_csv("traces/data/profiles/cpu-tiny-llama-256.csv")
+print(f"{record.steps} steps of {record.workload.samples_per_step} samples, {record.plan.mode}, "
+      f"staleness {record.plan.staleness}; {len(profile)} profiled rows")
+record.plan"""),
+    ("md", """Predict the run twice: with the measured profile, and with the roofline alone (the catalog's
+order-of-magnitude figures for a CPU core). The error is (predicted - measured) / measured over
+the same steady-state window (the first staleness + 1 steps are start-up)."""),
+    ("code", """with_profile = predict_run(record, CostModel(profile))
+roofline = predict_run(record, CostModel.roofline_only())
+pd.DataFrame([{"costs": "measured profile", **with_profile.summary()},
+              {"costs": "roofline only", **roofline.summary()}]).drop(columns="cost_sources")"""),
+    ("md", "Where the time goes, stage by stage: mean interval length in the run and in its simulation."),
+    ("code", """def stage_means(timeline: pd.DataFrame) -> pd.Series:
+    t = timeline.assign(seconds=timeline.end - timeline.start)
+    role = t.resource.str.startswith("trainer").map({True: "trainer", False: "engine"})
+    return t.groupby([role, t.activity]).seconds.mean()
+
+stages = pd.DataFrame({"measured": stage_means(record.timeline),
+                       "simulated": stage_means(with_profile.simulation.timeline)})
+ax = stages.plot.barh(figsize=(8, 3.6), color=["#4c78a8", "#f58518"])
+ax.set_xlabel("mean interval (s)")
+ax.set_ylabel("role, activity")
+ax.set_title("Stage times: the run vs its simulation with the measured profile")
+stages.round(4)"""),
+    ("md", "The same run as two timelines, measured above and simulated below:"),
+    ("code", """fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 4.2), sharex=True)
+gantt(record.timeline, ax=top, title="measured: Ray actors on 2 CPU cores", xlabel="")
+gantt(with_profile.simulation, ax=bottom, title="simulated with the measured profile",
+      xlabel="time since the run's start (s)");"""),
+    ("md", "Step times (time between two synced steps), measured and simulated:"),
+    ("code", """measured_steps = pd.Series([m["time"] for m in record.metrics]).diff().dropna()
+simulated_steps = pd.Series(with_profile.simulation.step_times[1:])
+fig, ax = plt.subplots(figsize=(7, 3))
+ax.plot(measured_steps.index, measured_steps.values, "o-", label="measured")
+ax.plot(simulated_steps.index + 1, simulated_steps.values, "s--", label="simulated")
+ax.set_xlabel("step")
+ax.set_ylabel("step time (s)")
+ax.set_title("Step times of the run and of its simulation")
+ax.legend();"""),
+]
+
 NOTEBOOKS = {"fleet_what_if": FLEET_WHAT_IF, "staleness_and_modes": STALENESS_AND_MODES,
-             "cost_pareto": COST_PARETO}
+             "cost_pareto": COST_PARETO, "validate": VALIDATE}
 
 
 def build() -> list[Path]:

@@ -63,15 +63,39 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
+def add_profile_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", action="append", default=[], metavar="CSV",
+                   help="measured cost table (from `rlfleet profile`), used before the shipped ones; repeatable")
+
+
+def cost_model(args: argparse.Namespace) -> Any:
+    """The cost model: the shipped profile tables plus any `--profile` CSVs.
+
+    A given table replaces the shipped rows of the GPU types and models it measures, rather than
+    being averaged with them: it is this user's hardware.
+    """
+    import pandas as pd
+
+    from traces import CostModel, ProfileTable
+
+    if not args.profile:
+        return CostModel()
+    shipped, given = ProfileTable.shipped().frame, ProfileTable.from_csv(*args.profile).frame
+    measured = set(zip(given["gpu_type"], given["model"], strict=True))
+    keep = [(g, m) not in measured for g, m in zip(shipped["gpu_type"], shipped["model"], strict=True)]
+    frames = [f for f in (shipped[keep], given) if len(f)]
+    return CostModel(ProfileTable.from_frame(pd.concat(frames, ignore_index=True)) if frames else ProfileTable.empty())
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from planner.commands import catalog, costs, plan, report, run, simulate, validate
+    from planner.commands import catalog, costs, fidelity, plan, profile, report, run, simulate, validate
 
     parser = _Parser(
         prog="rlfleet",
         description="Simulate, plan and run RL post-training of LLMs on a mixed GPU fleet.",
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
-    for module in (catalog, costs, validate, simulate, plan, report, run):
+    for module in (catalog, costs, validate, simulate, plan, report, profile, run, fidelity):
         module.register(sub)
     for command in sub.choices.values():
         command.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -24,6 +24,7 @@ from runtime.model import CharTokenizer
 from runtime.records import RunRecorder
 from runtime.task import AdditionTask
 from runtime.trainer import Rollout, StepStats
+from traces.records import length_histogram
 from traces.staleness import CapacityController
 
 
@@ -70,6 +71,7 @@ class Controller:
         self.groups: dict[int, _Group] = {}
         self.history: list[StepStats] = []
         self._last_step_end = self.recorder.origin
+        self._lengths: dict[str, dict[str, int]] = {}
 
     @property
     def version(self) -> int:
@@ -122,7 +124,11 @@ class Controller:
         return not self.done and self.ctl.ready(self.ctl.version)
 
     def take(self) -> list[Rollout]:
-        return [r for unit in self.ctl.take() for r in unit.item]
+        batch = [r for unit in self.ctl.take() for r in unit.item]
+        # the batch's length mix, recorded with its step: what a simulation of this run must assume
+        self._lengths = {"prompt_lengths": length_histogram([len(r.prompt) for r in batch]),
+                         "response_lengths": length_histogram([len(r.tokens) for r in batch])}
+        return batch
 
     def stepped(self, stats: StepStats, train_intervals: Sequence[tuple[str, float, float]],
                 sync_span: tuple[float, float], version: int) -> dict[str, Any]:
@@ -143,6 +149,7 @@ class Controller:
             "mean_behav_weight": round(stats.mean_behav_weight, 6), "grad_norm": round(stats.grad_norm, 6),
             "entropy": round(stats.entropy, 6),
             "staleness_tokens": dict(stats.lags),
+            **self._lengths,
         }
         self.recorder.metric(row)
         if self.progress is not None:

@@ -118,9 +118,10 @@ class _Row:
 class TorchEngine:
     def __init__(self, model: PreTrainedModel, eos_id: int, pad_id: int, name: str = "engine0", max_batch: int = 256,
                  temperature: float = 1.0, seed: int = 0, interruptible: bool = True, version: int = 0,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, device: str | torch.device = "cpu") -> None:
         # a private copy: the trainer's updates reach the engine only through load_weights, as on a cluster
-        self.model = copy.deepcopy(model).eval()
+        self.device = torch.device(device)
+        self.model = copy.deepcopy(model).to(self.device).eval()
         self.name = name
         self.eos_id, self.pad_id = eos_id, pad_id
         self.max_batch = max_batch
@@ -128,12 +129,12 @@ class TorchEngine:
         self.interruptible = interruptible
         self._version = version
         self._clock = clock
-        self._gen = torch.Generator().manual_seed(seed)
+        self._gen = torch.Generator(device=self.device).manual_seed(seed)
         self._waiting: deque[Request] = deque()
         self._rows: list[_Row] = []  # in cache row order
         self._cache: DynamicCache | None = None
-        self._mask = torch.zeros(0, 0, dtype=torch.long)  # [rows, cached columns]: 1 = real token
-        self._pos = torch.zeros(0, dtype=torch.long)  # position id of each row's last sampled token
+        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [rows, cached columns]: 1 = real
+        self._pos = torch.zeros(0, dtype=torch.long, device=self.device)  # position id of each row's last token
         self._pending: tuple[dict[str, torch.Tensor], int] | None = None
         self._intervals: list[Interval] = []
         self._completed = self._prefill_tokens = self._generated = self._iterations = self._loads = 0
@@ -219,6 +220,7 @@ class TorchEngine:
         for i, c in enumerate(contexts):
             ids[i, width - len(c):] = torch.tensor(c)
             mask[i, width - len(c):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)  # built on the host, one copy each
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=DynamicCache(),
                          use_cache=True, logits_to_keep=1)
@@ -253,8 +255,8 @@ class TorchEngine:
         """Feed every row's last sampled token; one forward of batch B and length 1."""
         assert self._cache is not None
         t0 = self._clock()
-        last = torch.tensor([[r.tokens[-1]] for r in self._rows])
-        self._mask = torch.cat([self._mask, torch.ones(len(self._rows), 1, dtype=torch.long)], dim=1)
+        last = torch.tensor([[r.tokens[-1]] for r in self._rows], device=self.device)
+        self._mask = torch.cat([self._mask, self._mask.new_ones(len(self._rows), 1)], dim=1)
         out = self.model(input_ids=last, attention_mask=self._mask, position_ids=self._pos[:, None],
                          cache=self._cache, use_cache=True)
         self._pos = self._pos + 1
@@ -292,7 +294,7 @@ class TorchEngine:
             self._cache, self._mask, self._pos = None, self._mask[:0, :0], self._pos[:0]
             return
         assert self._cache is not None
-        index = torch.tensor(keep)
+        index = torch.tensor(keep, device=self.device)
         used = self._mask[index].any(0).nonzero()
         first = int(used[0]) if len(used) else self._mask.shape[1]
         self._mask, self._pos = self._mask[index, first:], self._pos[index]

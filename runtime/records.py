@@ -1,8 +1,8 @@
 """What a run writes: `metrics.jsonl` (one line per step) and `timeline.csv` in the simulator's format.
 
-The timeline has the simulator's columns (sim/recorder.py TIMELINE_COLUMNS, restated here since
-the runtime may not import sim), times in seconds from the run's start, so a measured run and its
-simulation compare with one function call. Files are rewritten atomically at each flush: a reader
+The formats are traces.records' (shared with the simulator): the timeline has the simulator's
+columns, times in seconds from the run's start, so a measured run and its simulation compare with
+one function call (sim.fidelity). Files are rewritten atomically at each flush: a reader
 (or a crash) sees the previous complete file or the new one, never half of one.
 """
 
@@ -11,16 +11,15 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from traces.io import atomic_write_text
+from traces.records import METRICS_FILE, TIMELINE_COLUMNS, TIMELINE_FILE, read_metrics
 
-TIMELINE_COLUMNS = ("resource", "group", "activity", "start", "end", "version", "samples")
-METRICS_FILE = "metrics.jsonl"
-TIMELINE_FILE = "timeline.csv"
+__all__ = ["TIMELINE_COLUMNS", "RunRecorder", "read_metrics"]
+
 
 
 @dataclass
@@ -49,8 +48,3 @@ class RunRecorder:
         for res, group, act, start, end, version, samples in self.timeline:
             writer.writerow([res, group, act, f"{start:.6f}", f"{end:.6f}", version, samples])
         atomic_write_text(self.out_dir / TIMELINE_FILE, buf.getvalue())
-
-
-def read_metrics(out_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    text = (Path(out_dir) / METRICS_FILE).read_text(encoding="utf-8")
-    return [json.loads(line) for line in text.splitlines() if line]

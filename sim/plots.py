@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import matplotlib
 import matplotlib.pyplot as plt  # headless machines fall back to Agg; notebooks keep their inline backend
+import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
@@ -16,11 +18,20 @@ ACTIVITY_COLOURS = {
 }
 
 
-def gantt(result: SimResult, max_resources: int = 24, title: str | None = None) -> Figure:
-    """One row per resource (trainer first, then up to `max_resources - 1` engines), coloured by activity."""
-    tl = result.timeline
-    resources = ["trainer", *[r for r in dict.fromkeys(tl.resource) if r != "trainer"]][:max_resources]
-    fig, ax = plt.subplots(figsize=(12, 0.35 * len(resources) + 1.5))
+def gantt(result: SimResult | pd.DataFrame, max_resources: int = 24, title: str | None = None,
+          ax: Axes | None = None, xlabel: str = "simulated time (s)") -> Figure:
+    """One row per resource (trainers first, then up to `max_resources - 1` engines), coloured by activity.
+
+    `result` is a simulation or a timeline frame in its columns (a measured run's timeline.csv);
+    `ax` draws into an existing axes, e.g. to put a run and its simulation side by side.
+    """
+    tl = result if isinstance(result, pd.DataFrame) else result.timeline
+    names = list(dict.fromkeys(tl.resource))
+    resources = sorted(names, key=lambda r: not str(r).startswith("trainer"))[:max_resources]
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(12, 0.35 * len(resources) + 1.5))
+    else:
+        fig = ax.figure
     for row, name in enumerate(resources):
         part = tl[tl.resource == name]
         for activity, chunk in part.groupby("activity"):
@@ -28,13 +39,15 @@ def gantt(result: SimResult, max_resources: int = 24, title: str | None = None) 
                            color=ACTIVITY_COLOURS.get(str(activity), "grey"))
     ax.set_yticks(range(len(resources)), resources, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("simulated time (s)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("resource")
     shown = sorted(set(tl[tl.resource.isin(resources)].activity))
     ax.legend(handles=[Patch(color=ACTIVITY_COLOURS.get(a, "grey"), label=a) for a in shown],
               loc="upper right", fontsize=7, ncols=len(shown))
-    ax.set_title(title or f"{result.mode} plan: {result.samples_per_s:.1f} samples/s, "
+    if title is None and isinstance(result, SimResult):
+        title = (f"{result.mode} plan: {result.samples_per_s:.1f} samples/s, "
                  f"mean step {result.mean_step_s:.1f} s, max staleness {result.max_staleness}")
+    ax.set_title(title or "timeline")
     fig.tight_layout()
     return fig
 

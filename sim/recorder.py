@@ -16,7 +16,6 @@ import numpy as np
 
 from traces import SpecError
 
-TIMELINE_COLUMNS = ("resource", "group", "activity", "start", "end", "version", "samples")
 MAX_EVENTS = 20_000_000  # a bound on any one simulation, so bad input cannot hang it
 MAX_WALL_SECONDS = 600.0  # and a bound on its wall time, checked every few thousand events
 

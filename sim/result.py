@@ -8,7 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from sim.recorder import TIMELINE_COLUMNS, Recorder
+from sim.recorder import Recorder
+from traces.records import TIMELINE_COLUMNS
 
 
 @dataclass(frozen=True)

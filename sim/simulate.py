@@ -23,6 +23,7 @@ from traces.costmodel.rl import trainer_step_seconds
 from traces.links import sync_path_bytes_per_s
 from traces.plan import RolloutGroup
 from traces.progress import bar
+from traces.records import warm_steps
 
 MAX_SAMPLES = 20_000_000  # lengths are drawn up front: bound the memory a bad input can ask for
 
@@ -198,9 +199,7 @@ def _result(
     cluster: Cluster, end: float,
 ) -> SimResult:
     steps = len(rec.step_ends)
-    # Steady state: AReaL's rule admits (eta + 1) batches at version 0 at once, and step eta must
-    # train all of them, long tail included; the first eta + 1 steps are that start-up transient.
-    warm = min(plan.staleness + 1, steps // 2) if steps >= 2 else 0
+    warm = warm_steps(plan.staleness, steps)  # the start-up transient; a measured run skips the same steps
     t0 = rec.step_ends[warm - 1] if warm else 0.0
     window = rec.step_ends[-1] - t0
     samples = sum(rec.step_samples[warm:])

@@ -7,7 +7,7 @@ import math
 import sys
 from typing import Any
 
-from planner.cli import emit, positive_float, positive_int
+from planner.cli import add_profile_arg, cost_model, emit, positive_float, positive_int
 from traces import load_cluster, load_workload
 
 
@@ -26,6 +26,7 @@ def register(sub: Any) -> None:
     p.add_argument("--solver", choices=("auto", "highs", "cbc"), default="auto", help="MILP solver (default auto)")
     p.add_argument("--no-baselines", action="store_true", help="skip planning and simulating the baselines")
     p.add_argument("--out", metavar="PLAN_JSON", help="write the chosen plan (traces plan format) here")
+    add_profile_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     cluster, workload = load_cluster(args.cluster), load_workload(args.workload)
     if args.objective == "pareto":
-        frame = pareto(cluster, workload, solver=args.solver)
+        frame = pareto(cluster, workload, solver=args.solver, cost_model=cost_model(args))
         emit({"pareto": frame.to_dict(orient="records")}, args.json,
              ["min-cost plans by target (analytic):", frame.round(3).to_string(index=False)])
         return 0
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write("planning: solving the MILP, then simulating the top plans and baselines...\n")
     report = plan_report(cluster, workload, objective=args.objective, budget=args.budget, target=args.target,
                          top_k=args.top_k, solver=args.solver, sim_steps=args.sim_steps, seed=args.seed,
-                         baselines=not args.no_baselines)
+                         baselines=not args.no_baselines, cost_model=cost_model(args))
     if args.out:
         report.plan.save(args.out)
     summary = {**report.summary(), **exports(report.plan, cluster), "plan": report.plan.model_dump(mode="json")}

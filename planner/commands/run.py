@@ -8,13 +8,19 @@ loopback, or `--address` to join one) with weights broadcast over torch.distribu
 from __future__ import annotations
 
 import argparse
+import tempfile
+from pathlib import Path
 from typing import Any
 
-from planner.cli import emit, positive_int
-from traces import SpecError, load_plan
+from planner.cli import add_profile_arg, cost_model, emit, positive_int
+from planner.commands.fidelity import lines as fidelity_lines
+from sim.fidelity import Fidelity, predict_run
+from traces import CostModel, ModelSpec, Plan, SpecError, example_cluster, get_model, load_cluster, load_plan
 from traces.progress import bar
+from traces.records import observed_workload, read_metrics, read_run, write_run_spec
 
 TASKS = ("addition",)
+PROMPTS_PER_STEP, GROUP_SIZE = 16, 16  # the toy run's batch: 256 samples a step (runtime.loop.run_toy)
 
 
 def register(sub: Any) -> None:
@@ -26,8 +32,20 @@ def register(sub: Any) -> None:
     p.add_argument("--out", metavar="DIR", help="write metrics.jsonl, timeline.csv, checkpoint and model here")
     p.add_argument("--address", help="join this Ray cluster (default: start a local one on loopback)")
     p.add_argument("--local", action="store_true", help="run engines and trainer in this process, no Ray")
+    p.add_argument("--cluster", help="cluster YAML the prediction assumes (default: this machine, cpu-host)")
+    add_profile_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
+
+
+def toy_model(plan: Plan) -> ModelSpec:
+    """The plan's model, if the toy runtime can build it: a tiny-llama shape over the character vocabulary."""
+    spec, tiny = get_model(plan.model or "tiny-llama"), get_model("tiny-llama")
+    if (spec.vocab, spec.heads, spec.kv_heads, spec.intermediate) != (tiny.vocab, tiny.heads, tiny.kv_heads,
+                                                                      4 * spec.hidden):
+        raise SpecError(f"plan model {spec.name!r}: rlfleet run trains the toy task with a tiny-llama shape "
+                        "(17-token vocabulary, 4 heads, 2 KV heads, MLP 4x hidden); use tiny-llama or tiny-llama-256")
+    return spec
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
         from runtime.loop import run_toy
         from runtime.ray_loop import run_toy_ray
+        from runtime.trainer import TrainConfig
     except ImportError as exc:
         raise SpecError(f"rlfleet run needs the runtime extra ({exc.name} is missing): pip install -e '.[runtime]'"
                         ) from None
@@ -50,9 +69,15 @@ def run(args: argparse.Namespace) -> int:
     transformers.utils.logging.disable_progress_bar()
     if args.local and args.address:
         raise SpecError("--local runs without Ray; drop --address or --local")
-    with bar(args.steps, "training", unit="step") as progress:
-        common = {"engines": engines, "staleness": plan.staleness, "seed": args.seed, "out_dir": args.out,
-                  "progress": lambda _row: progress.update()}
+    spec = toy_model(plan)
+    cluster = load_cluster(args.cluster) if args.cluster else example_cluster("cpu-host")
+    cm = cost_model(args)
+    with tempfile.TemporaryDirectory(prefix="rlfleet-run-") as scratch, \
+            bar(args.steps, "training", unit="step") as progress:
+        out = Path(args.out) if args.out else Path(scratch)  # records are kept for the prediction either way
+        common = {"engines": engines, "staleness": plan.staleness, "seed": args.seed, "out_dir": out,
+                  "hidden": spec.hidden, "layers": spec.layers, "prompts_per_step": PROMPTS_PER_STEP,
+                  "group_size": GROUP_SIZE, "progress": lambda row: _show(progress, row)}
         if args.local:
             result = run_toy(args.steps, **common)
         else:
@@ -62,11 +87,16 @@ def run(args: argparse.Namespace) -> int:
                 result = run_toy_ray(args.steps, address=args.address, **common)
             finally:
                 ray.shutdown()
+        workload = observed_workload(f"{args.task}-observed", spec, plan, read_metrics(out),
+                                     prompts_per_step=PROMPTS_PER_STEP, group_size=GROUP_SIZE,
+                                     ppo_minibatches=TrainConfig().minibatches)
+        write_run_spec(out, plan, workload, cluster)
+        fid, why = _predict(out, cm, args.seed)
     summary = {"steps": result.steps, "engines": engines, "staleness_bound": plan.staleness,
                "eval_before": result.eval_before, "eval_after": result.eval_after, "chance": result.chance,
                "max_staleness": result.max_staleness, "samples_per_s": result.samples_per_s,
-               "seconds": result.seconds, "out": str(result.out_dir) if result.out_dir else None,
-               "executor": "local" if args.local else "ray"}
+               "seconds": result.seconds, "out": args.out, "executor": "local" if args.local else "ray",
+               "prediction": fid.summary() if fid else {"skipped": why}}
     emit(summary, args.json, [
         f"{args.task}: {result.steps} steps, {engines} engines, staleness bound {plan.staleness}, "
         + ("in one process" if args.local else "on Ray"),
@@ -74,6 +104,22 @@ def run(args: argparse.Namespace) -> int:
         f"{result.eval_after / result.chance:.1f}x)",
         f"  staleness max {result.max_staleness} (bound {plan.staleness})",
         f"  speed     {result.samples_per_s:,.0f} samples/s over {result.seconds:.1f} s",
-        *([f"  records -> {result.out_dir}"] if result.out_dir else []),
+        *(fidelity_lines(fid) if fid else [f"  prediction skipped: {why}"]),
+        *([f"  records -> {args.out}"] if args.out else []),
     ])
     return 0
+
+
+def _show(progress: Any, row: dict[str, Any]) -> None:
+    """One trained step on the bar: its throughput, reward and staleness."""
+    progress.set_postfix({"samples/s": f"{row['samples_per_s']:.0f}", "reward": f"{row['mean_reward']:.3f}",
+                          "staleness": row["max_staleness"]}, refresh=False)
+    progress.update()
+
+
+def _predict(out: Path, cm: CostModel, seed: int) -> tuple[Fidelity | None, str]:
+    """Simulate the recorded run: (fidelity, or why there is no prediction)."""
+    try:
+        return predict_run(read_run(out), cm, seed=seed), ""
+    except SpecError as exc:  # e.g. the plan's GPU types are not in the cluster the prediction assumes
+        return None, str(exc)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from planner.cli import emit, positive_int
+from planner.cli import add_profile_arg, cost_model, emit, positive_int
 from sim import simulate
 from traces import load_cluster, load_plan, load_workload
 from traces.io import atomic_write_bytes, atomic_write_text
@@ -21,13 +21,15 @@ def register(sub: Any) -> None:
     p.add_argument("--token-level", action="store_true", help="one event per decode iteration (reference mode)")
     p.add_argument("--timeline", metavar="CSV", help="write the timeline (one row per interval) to this CSV")
     p.add_argument("--gantt", metavar="PNG", help="write a Gantt chart of the timeline to this PNG")
+    add_profile_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     cluster, workload, plan = load_cluster(args.cluster), load_workload(args.workload), load_plan(args.plan)
-    r = simulate(cluster, workload, plan, steps=args.steps, seed=args.seed, token_level=args.token_level)
+    r = simulate(cluster, workload, plan, cost_model(args), steps=args.steps, seed=args.seed,
+                 token_level=args.token_level)
     if args.timeline:
         atomic_write_text(args.timeline, r.timeline.to_csv(index=False))
     if args.gantt:

@@ -1,0 +1,35 @@
+"""`rlfleet fidelity RUN_DIR`: predicted vs measured throughput of a recorded run (sim.fidelity)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from planner.cli import add_profile_arg, cost_model, emit
+from sim.fidelity import Fidelity, predict_run
+from traces.records import read_run
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("fidelity", help="simulate a recorded run (rlfleet run --out DIR) and compare with it")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the --out folder of an rlfleet run")
+    add_profile_arg(p)
+    p.add_argument("--seed", type=int, default=0, help="simulation seed (default 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    fid = predict_run(read_run(args.run_dir), cost_model(args), seed=args.seed)
+    emit(fid.summary(), args.json, lines(fid))
+    return 0
+
+
+def lines(fid: Fidelity) -> list[str]:
+    """The human report, shared with `rlfleet run`."""
+    sources = ", ".join(f"{stage} {src}" for stage, src in fid.sources.items())
+    return [
+        f"  predicted {fid.predicted_samples_per_s:,.1f} samples/s (simulated, {fid.steps} steps)",
+        f"  measured  {fid.measured_samples_per_s:,.1f} samples/s (steady state)",
+        f"  error     {fid.error:+.1%}  [costs from: {sources}]",
+    ]

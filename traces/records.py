@@ -1,0 +1,141 @@
+"""The run-record format: what a runtime run leaves in its folder, read back for comparison.
+
+A run folder holds:
+- `metrics.jsonl`: one JSON object per trained step (`step`, `samples`, `time` = seconds from the
+  run's start when the step's weights were synced, reward and loss figures, `staleness_tokens`,
+  and the trained batch's `prompt_lengths` / `response_lengths` histograms);
+- `timeline.csv`: intervals in the simulator's columns (TIMELINE_COLUMNS), seconds from the start;
+- `plan.json`, `workload.yaml`, `cluster.yaml`: what ran, as the simulator reads them: the plan
+  executed, the job with the length mix actually observed, and the machines.
+So a prediction of the same run is one `sim.simulate` call away (sim.fidelity does it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from traces.cluster import Cluster, load_cluster
+from traces.errors import SpecError
+from traces.io import atomic_write_text
+from traces.models import ModelSpec
+from traces.plan import Plan, load_plan
+from traces.workload import LengthDist, Workload, load_workload
+
+TIMELINE_COLUMNS = ("resource", "group", "activity", "start", "end", "version", "samples")
+METRICS_FILE = "metrics.jsonl"
+TIMELINE_FILE = "timeline.csv"
+PLAN_FILE = "plan.json"
+WORKLOAD_FILE = "workload.yaml"
+CLUSTER_FILE = "cluster.yaml"
+
+
+def warm_steps(staleness: int, steps: int) -> int:
+    """Steps before the steady state: the first staleness + 1 (at most half the run).
+
+    AReaL's rule admits (eta + 1) batches at version 0 at once, and step eta must train all of
+    them, long tail included: those steps are a start-up transient. The simulator and a measured
+    run skip the same steps, so their throughputs compare like for like.
+    """
+    return min(staleness + 1, steps // 2) if steps >= 2 else 0
+
+
+def steady_state(step_ends: Sequence[float], step_samples: Sequence[int], staleness: int) -> tuple[int, float]:
+    """(samples, seconds) trained after the warm-up steps (`warm_steps`)."""
+    steps = len(step_ends)
+    warm = warm_steps(staleness, steps)
+    t0 = step_ends[warm - 1] if warm else 0.0
+    return sum(step_samples[warm:]), (step_ends[-1] - t0) if steps else 0.0
+
+
+def length_histogram(lengths: Sequence[int]) -> dict[str, int]:
+    """{length: count} with string keys, as JSON writes them."""
+    return {str(k): v for k, v in sorted(Counter(lengths).items())}
+
+
+def observed_lengths(metrics: Sequence[Mapping[str, Any]], key: str) -> tuple[list[int], list[int]]:
+    """Sum a per-step length histogram over the run: (lengths, counts) for an empirical LengthDist."""
+    total: Counter[int] = Counter()
+    for row in metrics:
+        for length, count in row.get(key, {}).items():
+            total[int(length)] += int(count)
+    if not total:
+        raise SpecError(f"the run's metrics carry no {key}: record it again with this version of rlfleet run")
+    lengths = sorted(total)
+    return lengths, [total[n] for n in lengths]
+
+
+def observed_workload(name: str, model: ModelSpec, plan: Plan, metrics: Sequence[Mapping[str, Any]], *,
+                      prompts_per_step: int, group_size: int, ppo_minibatches: int) -> Workload:
+    """The job a run executed, with the prompt and response lengths it actually trained on."""
+    prompts, prompt_counts = observed_lengths(metrics, "prompt_lengths")
+    responses, response_counts = observed_lengths(metrics, "response_lengths")
+    return Workload(
+        name=name, model=model, prompts_per_step=prompts_per_step, group_size=group_size,
+        prompt_len=LengthDist(kind="empirical", lengths=prompts, counts=prompt_counts),
+        response_len=LengthDist(kind="empirical", lengths=responses, counts=response_counts),
+        mode=plan.mode, staleness=plan.staleness, ppo_minibatches=ppo_minibatches,
+    )
+
+
+def write_run_spec(folder: str | os.PathLike[str], plan: Plan, workload: Workload, cluster: Cluster) -> None:
+    """plan.json, workload.yaml and cluster.yaml of a run, each written atomically."""
+    out = Path(folder)
+    atomic_write_text(out / PLAN_FILE, plan.to_json())
+    atomic_write_text(out / WORKLOAD_FILE, yaml.safe_dump(workload.model_dump(mode="json"), sort_keys=False))
+    atomic_write_text(out / CLUSTER_FILE, yaml.safe_dump(cluster.model_dump(mode="json"), sort_keys=False))
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    folder: Path
+    metrics: tuple[dict[str, Any], ...]
+    timeline: pd.DataFrame
+    plan: Plan
+    workload: Workload
+    cluster: Cluster
+
+    @property
+    def steps(self) -> int:
+        return len(self.metrics)
+
+    def samples_per_s(self) -> float:
+        """Trained samples per second over the steady-state window (see `steady_state`)."""
+        samples, seconds = steady_state([float(m["time"]) for m in self.metrics],
+                                        [int(m["samples"]) for m in self.metrics], self.plan.staleness)
+        return samples / seconds if seconds > 0 else 0.0
+
+
+def read_metrics(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    path = Path(folder) / METRICS_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no metrics; is {folder} the --out folder of an rlfleet run?") from None
+    try:
+        return [json.loads(line) for line in text.splitlines() if line]
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"{path}:{exc.lineno}: not JSON lines ({exc.msg})") from None
+
+
+def read_run(folder: str | os.PathLike[str]) -> RunRecord:
+    """A run folder, checked: a missing file is named with what writes it."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise SpecError(f"{root}: no such run folder (give the --out folder of an rlfleet run)")
+    for name in (PLAN_FILE, WORKLOAD_FILE, CLUSTER_FILE, TIMELINE_FILE):
+        if not (root / name).is_file():
+            raise SpecError(f"{root / name}: missing; a run folder from `rlfleet run --out` has it")
+    metrics = read_metrics(root)
+    if not metrics:
+        raise SpecError(f"{root / METRICS_FILE}: no step was recorded")
+    return RunRecord(root, tuple(metrics), pd.read_csv(root / TIMELINE_FILE), load_plan(root / PLAN_FILE),
+                     load_workload(root / WORKLOAD_FILE), load_cluster(root / CLUSTER_FILE))
