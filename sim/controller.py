@@ -202,8 +202,18 @@ class Controller(ControllerBase):
         self._retime_soon()
         return chunk
 
+    def plan_parts(self, times: np.ndarray, sids: np.ndarray, owner: np.ndarray, ranks: np.ndarray, n: int) -> int:
+        """Completions of n engines planned together (see Pending.add_parts): the first part's id."""
+        first = self.pending.add_parts(times, sids, self.samples.start_version[sids], owner, ranks, n)
+        self._retime_soon()
+        return first
+
     def cut(self, chunk: Chunk, keep: int) -> None:
         self.pending.cut(chunk, keep)
+        self._retime_soon()
+
+    def cut_parts(self, parts: np.ndarray, keep: np.ndarray) -> None:
+        self.pending.cut_parts(parts, keep)
         self._retime_soon()
 
     def deliver(self) -> None:

@@ -130,6 +130,22 @@ class PrefillCurve:
             return 0.0
         return float(np.exp(self._interp(math.log(tokens))))
 
+    def many(self, tokens: np.ndarray) -> np.ndarray:
+        """`self(t)` for every t, the same bits: math.log and math.exp per element (numpy's may
+        differ from them in the last place), the interpolation as numpy arithmetic (the same formula)."""
+        out = np.zeros(len(tokens))
+        pos = np.flatnonzero(tokens > 0)
+        if not len(pos):
+            return out
+        x = np.array(list(map(math.log, tokens[pos].tolist())))
+        xs, ys = np.array(self.log_tokens), np.array(self.log_seconds)
+        j = np.clip(np.searchsorted(xs, x, "right") - 1, 0, len(xs) - 2)
+        slope = (ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j])
+        y = np.where(xs[j] == x, ys[j], slope * (x - xs[j]) + ys[j])
+        y = np.where(x >= xs[-1], ys[-1], np.where(x <= xs[0], ys[0], y))
+        out[pos] = list(map(math.exp, y.tolist()))
+        return out
+
     def _interp(self, x: float) -> float:
         """np.interp(x, log_tokens, log_seconds) for one x, without numpy's per-call overhead:
         the same formula (numpy's compiled_base.c), so the same bits."""
