@@ -17,7 +17,7 @@ engine leaves, or at the end of the run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -72,6 +72,26 @@ class Loading:
     fin: np.ndarray
     joined: np.ndarray
     count: np.ndarray  # running samples of each
+    # routed to them once loaded (the router's sends, in order): local engine and sample ids
+    _in_owner: list[np.ndarray] = field(default_factory=list)
+    _in_sid: list[np.ndarray] = field(default_factory=list)
+    inbox_count: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def __post_init__(self) -> None:
+        self.inbox_count = np.zeros(len(self.engines), np.int64)
+
+    def route(self, owner: np.ndarray, sids: np.ndarray) -> None:
+        self._in_owner.append(owner)
+        self._in_sid.append(sids)
+        self.inbox_count += np.bincount(owner, minlength=len(self.engines))
+
+    def inbox(self) -> tuple[np.ndarray, np.ndarray]:
+        """Everything routed to them: (local engine, sample id), by engine, each in the order sent."""
+        if not self._in_sid:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        owner, sid = np.concatenate(self._in_owner), np.concatenate(self._in_sid)
+        order = np.argsort(owner, kind="stable")
+        return owner[order], sid[order]
 
     def subset(self, keep: np.ndarray) -> Loading:
         """The engines where keep[i] (renumbered)."""

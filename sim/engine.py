@@ -213,82 +213,89 @@ class Fleet:
                 rest.append((e, rp, event))
         parts = [self._rows_of(idx)] if idx else []
         for g in groups:
-            sizes = g.count
+            offset = len(idx)
             for i, ei in enumerate(g.engines):
                 e = self.engines[ei]
                 e._loading = None
                 e.progress, e.context = int(g.progress[i]), float(g.context[i])
-                e.version = int(g.version[i])
-                reprefill.append(bool(sizes[i] > 0))
-                idx.append(ei)
-            parts.append((g.owner + (len(idx) - len(g.engines)), g.sid, g.fin, g.joined, g.progress, g.context,
-                          g.version))
+            idx.extend(g.engines)
+            reprefill.extend((g.count > 0).tolist())
+            in_owner, in_sid = g.inbox()
+            parts.append((g.owner + offset, g.sid, g.fin, g.joined, g.progress, g.context, g.version,
+                          in_owner + offset, in_sid))
         if not idx:
             return rest
-        owner, sid, fin, joined, progress, context, version = (np.concatenate(c) for c in zip(*parts, strict=True))
-        ok = self._admissible(idx, owner, context, quiet)
+        owner, sid, fin, joined, progress, context, version, in_owner, in_sid = (
+            np.concatenate(c) for c in zip(*parts, strict=True))
+        ok, take = self._admissible(idx, owner, context, quiet, in_owner, in_sid)
         if not ok.all():  # those engines plan one by one, from their own state
             for i in np.flatnonzero(~ok).tolist():
                 e = self.engines[idx[i]]
                 rows = owner == i
                 e.batch = Batch(sid[rows], fin[rows], joined[rows])
+                e.inbox = in_sid[in_owner == i]
                 rest.append((e, reprefill[i], e._park))  # type: ignore[arg-type]
                 e._park = None
-            keep = ok[owner]
+            keep, keep_in = ok[owner], ok[in_owner]
             renumber = np.cumsum(ok) - 1
             owner, sid, fin, joined = renumber[owner[keep]], sid[keep], fin[keep], joined[keep]
+            in_owner, in_sid, take = renumber[in_owner[keep_in]], in_sid[keep_in], take[keep_in]
             progress, context, version = progress[ok], context[ok], version[ok]
             reprefill = [r for r, k in zip(reprefill, ok.tolist(), strict=True) if k]
             idx = [i for i, k in zip(idx, ok.tolist(), strict=True) if k]
         if idx:
-            self._park(idx, owner, sid, fin, joined, progress, context, version, np.array(reprefill, bool))
+            self._park(idx, owner, sid, fin, joined, progress, context, version, np.array(reprefill, bool),
+                       in_owner, in_sid, take)
         return rest
 
     def _rows_of(self, idx: list[int]) -> tuple[np.ndarray, ...]:
+        """The state of engines planning on their own, as the arrays a Loading holds."""
         engines = [self.engines[i] for i in idx]
         owner = np.repeat(np.arange(len(engines)), [len(e.batch) for e in engines])
         cat = [np.concatenate([getattr(e.batch, f) for e in engines]) for f in ("sid", "finish", "joined")]
+        in_owner = np.repeat(np.arange(len(engines)), [len(e.inbox) for e in engines])
         return (owner, *cat, np.array([e.progress for e in engines], np.int64),
-                np.array([e.context for e in engines], np.float64), np.array([e.version for e in engines], np.int64))
+                np.array([e.context for e in engines], np.float64), np.array([e.version for e in engines], np.int64),
+                in_owner, np.concatenate([e.inbox for e in engines]).astype(np.int64))
 
-    def _admissible(self, idx: list[int], owner: np.ndarray, context: np.ndarray, quiet: bool) -> np.ndarray:
-        """Engines that admit the head of their inbox whole (vLLM would admit each of them)."""
-        ok = np.full(len(idx), quiet)
+    def _admissible(self, idx: list[int], owner: np.ndarray, context: np.ndarray, quiet: bool, in_owner: np.ndarray,
+                    in_sid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Engines that admit the head of their inbox whole (vLLM would admit each of them), and
+        which inbox entries are those heads."""
+        n = len(idx)
+        ok = np.full(n, quiet)
+        take = np.zeros(len(in_sid), bool)
         if not quiet:
-            return ok
-        engines = [self.engines[i] for i in idx]
-        ok &= np.array([e.update is None and not e.waiting for e in engines])
-        inbox = [e.inbox for e in engines]
-        lens = np.array([len(x) for x in inbox])
-        if not lens.any():
-            return ok
-        running = np.bincount(owner, minlength=len(idx))
-        room = np.maximum(0, self._max_batch[idx] - running)
-        head = np.minimum(lens, room)
-        which = np.repeat(np.arange(len(idx)), head)
-        ids = np.concatenate([x[:h] for x, h in zip(inbox, head.tolist(), strict=True)])
+            return ok, take
+        ok &= np.array([self.engines[i].update is None and not self.engines[i].waiting for i in idx])
+        lens = np.bincount(in_owner, minlength=n)
+        running = np.bincount(owner, minlength=n)
+        head = np.minimum(lens, np.maximum(0, self._max_batch[idx] - running))
+        rank = np.arange(len(in_sid)) - (np.cumsum(lens) - lens)[in_owner]
+        take = rank < head[in_owner]
+        which, ids = in_owner[take], in_sid[take]
         fits = context[which] + self.samples.prompt[ids] + 1 <= self._room[idx][which]
         firsts = np.cumsum(head) - head
-        empty = (running == 0) & (head > 0)
-        fits[firsts[empty]] = True  # an empty engine always takes one, however long
-        ok &= np.bincount(which[~fits], minlength=len(idx)) == 0
-        return ok
+        fits[firsts[(running == 0) & (head > 0)]] = True  # an empty engine always takes one, however long
+        ok &= np.bincount(which[~fits], minlength=n) == 0
+        return ok, take
 
     def _park(self, idx: list[int], owner: np.ndarray, sid: np.ndarray, fin: np.ndarray, joined: np.ndarray,
-              progress: np.ndarray, context: np.ndarray, version: np.ndarray, reprefill: np.ndarray) -> None:
+              progress: np.ndarray, context: np.ndarray, version: np.ndarray, reprefill: np.ndarray,
+              in_owner: np.ndarray, in_sid: np.ndarray, take: np.ndarray) -> None:
         """Prepare (re-prefill, admit the inbox's head, prefill) and plan these engines at once, file
         their completions, and park them until the next push or until one needs to decide."""
         now, s = self.env.now, self.samples
         n = len(idx)
         engines = [self.engines[i] for i in idx]
-        inbox = [e.inbox for e in engines]
         running = np.bincount(owner, minlength=n)
-        head = np.minimum([len(x) for x in inbox], np.maximum(0, self._max_batch[idx] - running))
-        new_owner = np.repeat(np.arange(n), head)
-        new_sid = np.concatenate([x[:h] for x, h in zip(inbox, head.tolist(), strict=True)]) if n else EMPTY
-        rest = np.array([len(x) for x in inbox]) - head
-        for e, x, h in zip(engines, inbox, head.tolist(), strict=True):
-            e.inbox = x[h:]
+        new_owner, new_sid = in_owner[take], in_sid[take]
+        head = np.bincount(new_owner, minlength=n)
+        rest = np.bincount(in_owner[~take], minlength=n)
+        for e in engines:
+            e.inbox = EMPTY
+        for i in np.flatnonzero(rest).tolist():  # no room for them yet
+            engines[i].inbox = in_sid[~take & (in_owner == i)]
         tokens = np.bincount(new_owner, weights=s.prompt[new_sid], minlength=n)  # integers, exact
         reprefill_end = np.where(reprefill, now + self._prefill(idx, np.where(reprefill, context, 0.0)), np.nan)
         after = np.where(reprefill, reprefill_end, now)
@@ -537,9 +544,45 @@ class Fleet:
         self._to_plan.append(g)
 
     def loading_load(self, e: Engine) -> int:
+        """Running and routed samples of an engine that waits for (or has just loaded) weights."""
         g = e._loading
         assert g is not None
-        return int(g.count[e._slot])
+        return int(g.count[e._slot] + g.inbox_count[e._slot])
+
+    def router_view(self, version: int) -> tuple[np.ndarray, np.ndarray]:
+        """Controller.dispatch's view of every engine at once: accepting, and its load."""
+        acc = np.fromiter((e.update is None and e.version == version for e in self.engines), bool, len(self.engines))
+        loads = np.zeros(len(self.engines), np.int64)
+        member = np.zeros(len(self.engines), bool)
+        for g in self._to_plan:
+            loads[g.engines] = g.count + g.inbox_count
+            member[g.engines] = True
+        for i in np.flatnonzero(acc & ~member).tolist():
+            loads[i] = self.engines[i].load()
+        return acc, loads
+
+    def assign(self, engine: np.ndarray, sids: np.ndarray) -> None:
+        """The router sends sids[i] to engine[i]: engines that just loaded as arrays take theirs as
+        arrays; the others hear of their work in the order they got their first sample."""
+        member = np.full(len(self.engines), -1)
+        slot = np.zeros(len(self.engines), np.int64)
+        for gi, g in enumerate(self._to_plan):
+            member[g.engines] = gi
+            slot[g.engines] = np.arange(len(g.engines))
+        where = member[engine]
+        for gi, g in enumerate(self._to_plan):
+            mine = where == gi
+            if mine.any():
+                g.route(slot[engine[mine]], sids[mine])
+        own = where < 0
+        if not own.any():
+            return
+        engine, sids = engine[own], sids[own]
+        order = np.argsort(engine, kind="stable")
+        ranked, starts = np.unique(engine[order], return_index=True)
+        groups = np.split(sids[order], starts[1:])
+        for g in sorted(range(len(ranked)), key=lambda g: groups[g][0]):
+            self.engines[int(ranked[g])].assign(groups[g])
 
     def parked_load(self, e: Engine) -> int:
         p, i = e._parked, e._slot
@@ -568,6 +611,7 @@ class Fleet:
     def setup(self, controller: Controller, rec: Recorder) -> None:
         """Per-engine constants as arrays, once every engine has joined."""
         self.controller, self.rec = controller, rec
+        controller.fleet = self
         es = self.engines
         self._max_batch = np.array([e.max_batch for e in es], np.int64)
         self._kv = np.array([e.kv_tokens for e in es], np.float64)
@@ -638,6 +682,8 @@ class Engine:
         """Samples waiting for admission (the queue plot)."""
         if self._parked is not None:
             return self.fleet.parked_queued(self) + len(self.waiting) + len(self.inbox)
+        if self._loading is not None:
+            return int(self._loading.inbox_count[self._slot]) + len(self.waiting) + len(self.inbox)
         self._catch_up()
         return len(self.waiting) + len(self.inbox)
 

@@ -68,7 +68,8 @@ class Pending:
         if not len(times):
             return
         if not ordered:
-            order = np.argsort(times, kind="stable")
+            # the order among equal times does not matter: the buffer sorts what it takes by sample id
+            order = np.argsort(times)
             times, sids, versions, parts, ranks = times[order], sids[order], versions[order], parts[order], ranks[order]
         self._compact()
         c = self._cursor
