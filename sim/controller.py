@@ -47,6 +47,13 @@ class Worker(Protocol):
     def assign(self, sids: np.ndarray) -> None: ...
 
 
+class Router(Protocol):
+    """A fleet that answers for all its engines at once (sim.engine.Fleet)."""
+
+    def router_view(self, version: int) -> tuple[np.ndarray, np.ndarray]: ...
+    def assign(self, engine: np.ndarray, sids: np.ndarray) -> None: ...
+
+
 def water_fill(n: int, loads: np.ndarray, caps: np.ndarray, keys: np.ndarray, row: np.ndarray) -> np.ndarray:
     """Engine (index into loads) of each of n samples routed in turn to the smallest
     (keys[row[e], load + 1], e, load): keys[r, b] is an iteration with b running, shared by engines of a kind.
@@ -132,6 +139,8 @@ class Controller(ControllerBase):
         self._timer = 0  # generation of the trainer's wake-up timer: a newer one voids older ones
         self._retime_pending = False
         self._keys: tuple[np.ndarray, np.ndarray] | None = None  # router: see _router_keys
+        self._caps: np.ndarray | None = None
+        self.fleet: Router | None = None  # routes through the fleet's arrays when set
 
     def allowance(self) -> int:
         return min(allowance(self.eta, self.version, self.batch, self.admitted), self._total - self.admitted)
@@ -142,12 +151,17 @@ class Controller(ControllerBase):
         n = self.allowance()
         if n <= 0:
             return
-        open_ = [i for i, e in enumerate(self.engines) if e.accepting(self.version) and e.load() < e.capacity()]
-        if not open_:
+        if self._caps is None:
+            self._caps = np.array([e.capacity() for e in self.engines], np.int64)
+        if self.fleet is not None:  # every engine at once (sim.engine.Fleet)
+            accepting, loads = self.fleet.router_view(self.version)
+        else:
+            accepting = np.array([e.accepting(self.version) for e in self.engines], bool)
+            loads = np.array([e.load() if a else 0 for e, a in zip(self.engines, accepting, strict=True)], np.int64)
+        idx = np.flatnonzero(accepting & (loads < self._caps))
+        if not len(idx):
             return
-        idx = np.array(open_)
-        loads = np.array([self.engines[i].load() for i in open_])
-        caps = np.array([self.engines[i].capacity() for i in open_])
+        loads, caps = loads[idx], self._caps[idx]
         keys, row_of = self._router_keys()
         if np.all(np.diff(keys, axis=1) >= 0):
             engine = idx[water_fill(n, loads, caps, keys, row_of[idx])]
@@ -158,12 +172,15 @@ class Controller(ControllerBase):
         self.samples.start_version[sids] = self.version
         self.admitted += n
         self.in_flight[self.version] += n
-        order = np.argsort(engine, kind="stable")
-        ranked, starts = np.unique(engine[order], return_index=True)
-        groups = np.split(sids[order], starts[1:])
-        # engines hear of their work in the order they got their first sample, as one at a time would
-        for g in sorted(range(len(ranked)), key=lambda g: groups[g][0]):
-            self.engines[int(ranked[g])].assign(groups[g])
+        if self.fleet is not None:
+            self.fleet.assign(engine, sids)
+        else:
+            order = np.argsort(engine, kind="stable")
+            ranked, starts = np.unique(engine[order], return_index=True)
+            groups = np.split(sids[order], starts[1:])
+            # engines hear of their work in the order they got their first sample, as one at a time would
+            for g in sorted(range(len(ranked)), key=lambda g: groups[g][0]):
+                self.engines[int(ranked[g])].assign(groups[g])
         if self._watch_step is not None:  # more samples in flight: the shortfalls change
             self.watch(self._watch_step)
 
@@ -202,8 +219,18 @@ class Controller(ControllerBase):
         self._retime_soon()
         return chunk
 
+    def plan_parts(self, times: np.ndarray, sids: np.ndarray, owner: np.ndarray, ranks: np.ndarray, n: int) -> int:
+        """Completions of n engines planned together (see Pending.add_parts): the first part's id."""
+        first = self.pending.add_parts(times, sids, self.samples.start_version[sids], owner, ranks, n)
+        self._retime_soon()
+        return first
+
     def cut(self, chunk: Chunk, keep: int) -> None:
         self.pending.cut(chunk, keep)
+        self._retime_soon()
+
+    def cut_parts(self, parts: np.ndarray, keep: np.ndarray) -> None:
+        self.pending.cut_parts(parts, keep)
         self._retime_soon()
 
     def deliver(self) -> None:

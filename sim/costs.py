@@ -96,10 +96,25 @@ class DecodeTable:
             idx = idx[j_end < kk]
         return out
 
+    def _bracket(self, b: np.ndarray, s0: np.ndarray, k: np.ndarray, seconds: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """Bounds on `iterations_within` from the first and last iteration's times (an iteration
+        takes between the two when time grows with context), checked with `totals`: where a check
+        fails the bounds are the whole jump, so the bisection's answer is the same either way."""
+        first = self.totals(b, s0, np.ones_like(k))
+        last = self.totals(b, s0 + b * np.maximum(k - 1, 0), np.ones_like(k))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lo = np.clip(np.floor(seconds / np.maximum(first, last)) - 1, 0, k).astype(np.int64)
+            hi = np.clip(np.ceil(seconds / np.minimum(first, last)) + 1, 0, k).astype(np.int64)
+        hi = np.maximum(lo, hi)
+        ok = (self.totals(b, s0, lo) <= seconds + 1e-12) & (
+            (hi == k) | (self.totals(b, s0, np.minimum(hi + 1, k)) > seconds + 1e-12))
+        return np.where(ok, lo, 0), np.where(ok, hi, k)
+
     def iterations_within(self, b: np.ndarray, s0: np.ndarray, k: np.ndarray, seconds: np.ndarray) -> np.ndarray:
         """Per jump, the iterations (<= k) whose end lies at or before `seconds` after its start
         (a bisection on `totals`, all jumps side by side)."""
-        lo, hi = np.zeros(len(k), np.int64), np.asarray(k, np.int64).copy()
+        lo, hi = self._bracket(b, s0, np.asarray(k, np.int64), seconds)
         idx = np.flatnonzero(lo < hi)
         while len(idx):
             mid = (lo[idx] + hi[idx] + 1) // 2
@@ -129,6 +144,22 @@ class PrefillCurve:
         if tokens <= 0:
             return 0.0
         return float(np.exp(self._interp(math.log(tokens))))
+
+    def many(self, tokens: np.ndarray) -> np.ndarray:
+        """`self(t)` for every t, the same bits: math.log and math.exp per element (numpy's may
+        differ from them in the last place), the interpolation as numpy arithmetic (the same formula)."""
+        out = np.zeros(len(tokens))
+        pos = np.flatnonzero(tokens > 0)
+        if not len(pos):
+            return out
+        x = np.array(list(map(math.log, tokens[pos].tolist())))
+        xs, ys = np.array(self.log_tokens), np.array(self.log_seconds)
+        j = np.clip(np.searchsorted(xs, x, "right") - 1, 0, len(xs) - 2)
+        slope = (ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j])
+        y = np.where(xs[j] == x, ys[j], slope * (x - xs[j]) + ys[j])
+        y = np.where(x >= xs[-1], ys[-1], np.where(x <= xs[0], ys[0], y))
+        out[pos] = list(map(math.exp, y.tolist()))
+        return out
 
     def _interp(self, x: float) -> float:
         """np.interp(x, log_tokens, log_seconds) for one x, without numpy's per-call overhead:

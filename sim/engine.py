@@ -24,10 +24,12 @@ from typing import Any
 import numpy as np
 import simpy
 
+from sim.bulk import Loading, Parked
 from sim.clock import timeout_at
 from sim.controller import Controller
 from sim.costs import DecodeTable, PrefillCurve
-from sim.planning import Batch, Cut, Plan, Request, cut_many, plan_first_jump, plan_many
+from sim.pending import Chunk
+from sim.planning import Batch, Cut, Plan, Request, cut_jumps, cut_many, plan_first_jump, plan_flat, plan_many
 from sim.recorder import Recorder
 from sim.samples import Samples
 
@@ -59,27 +61,52 @@ class Segment:
     plan: Plan | None = None
 
 
+@dataclass(slots=True)
+class Resume:
+    """What a parked engine's process finds when the fleet hands it back (see Fleet.unpark):
+    "interrupt" (cut the plan now), "end" (the plan ended now) or "woken" (it had ended, or there
+    was none: idle, and now woken)."""
+
+    action: str
+
+
 class Fleet:
     """Engines that would plan in the same instant plan together (one set of numpy arrays).
 
     Engines loading the same weights finish at the same time; each asks here, and at the end of
     the instant, once the router has sent this instant's work, all of them prepare and plan at once.
+    Those whose plan needs no decision until the next push are parked (sim.bulk): the push, the
+    weight load and the next plan then happen for all of them at once, without their processes.
     """
 
     def __init__(self, env: simpy.Environment, samples: Samples) -> None:
         self.env, self.samples, self.exit_tokens = env, samples, samples.exit_tokens
+        self.engines: list[Engine] = []
         self._asking: list[tuple[Engine, bool, simpy.Event]] = []
+        self._to_plan: list[Loading] = []  # loaded at this instant, to plan at its end
         self._loading: dict[float, list[tuple[Engine, tuple[int, float], float, simpy.Event]]] = {}
         self.interrupted: list[tuple[Engine, Plan]] = []  # interrupted plans whose cut is still to work out
         self._cuts: dict[int, Cut] = {}
+        self.parked: list[Parked] = []
+        self._names: list[str] = []
+        self._groups: list[str] = []
+
+    def add(self, engine: Engine) -> int:
+        self.engines.append(engine)
+        self._names.append(engine.name)
+        self._groups.append(engine.group)
+        return len(self.engines) - 1
 
     def ask(self, engine: Engine, reprefill: bool, event: simpy.Event | None = None) -> simpy.Event:
         """An event that carries the engine's Segment once planned (`event`, or a new one)."""
-        if not self._asking:
-            self.env.timeout(0).callbacks.append(self._plan_all)
+        self._plan_soon()
         event = event if event is not None else self.env.event()
         self._asking.append((engine, reprefill, event))
         return event
+
+    def _plan_soon(self) -> None:
+        if not self._asking and not self._to_plan:
+            self.env.timeout(0).callbacks.append(self._plan_all)
 
     def load(self, engine: Engine) -> simpy.Event:
         """The engine waits for its pending weights; an event that brings its next Segment. Engines
@@ -101,6 +128,10 @@ class Fleet:
 
     def _plan_all(self, _event: simpy.Event) -> None:
         asking, self._asking = self._asking, []
+        groups, self._to_plan = self._to_plan, []
+        asking = self._park_all(asking, groups)
+        if not asking:
+            return
         segments = self._prepare_all([(engine, reprefill) for engine, reprefill, _ in asking])
         self.plan(segments)
         for (_, _, event), segment in zip(asking, segments, strict=True):
@@ -163,6 +194,436 @@ class Fleet:
             for sg, plan in zip(wanted, plans, strict=True):
                 sg.plan = plan
 
+    # ---- parking: many engines through a step as arrays (sim.bulk) ---------------------------
+    def _park_all(self, asking: list[tuple[Engine, bool, simpy.Event]], groups: list[Loading]
+                  ) -> list[tuple[Engine, bool, simpy.Event]]:
+        """Park the engines planning now whose plan holds no decision: quiet, nothing preempted
+        waiting, every routed sample it admits fits. The others are returned, to plan one by one
+        (those that loaded as arrays get their state back first)."""
+        quiet = self.controller.allowance() <= 0
+        rest: list[tuple[Engine, bool, simpy.Event]] = []
+        idx: list[int] = []
+        reprefill: list[bool] = []
+        for e, rp, event in asking:
+            if quiet and e.update is None and not e.waiting:
+                e._park, e._loading = event, None
+                idx.append(e.index)
+                reprefill.append(rp)
+            else:
+                rest.append((e, rp, event))
+        parts = [self._rows_of(idx)] if idx else []
+        for g in groups:
+            offset = len(idx)
+            for i, ei in enumerate(g.engines):
+                e = self.engines[ei]
+                e._loading = None
+                e.progress, e.context = int(g.progress[i]), float(g.context[i])
+            idx.extend(g.engines)
+            reprefill.extend((g.count > 0).tolist())
+            in_owner, in_sid = g.inbox()
+            parts.append((g.owner + offset, g.sid, g.fin, g.joined, g.progress, g.context, g.version,
+                          in_owner + offset, in_sid))
+        if not idx:
+            return rest
+        owner, sid, fin, joined, progress, context, version, in_owner, in_sid = (
+            np.concatenate(c) for c in zip(*parts, strict=True))
+        ok, take = self._admissible(idx, owner, context, quiet, in_owner, in_sid)
+        if not ok.all():  # those engines plan one by one, from their own state
+            for i in np.flatnonzero(~ok).tolist():
+                e = self.engines[idx[i]]
+                rows = owner == i
+                e.batch = Batch(sid[rows], fin[rows], joined[rows])
+                e.inbox = in_sid[in_owner == i]
+                rest.append((e, reprefill[i], e._park))  # type: ignore[arg-type]
+                e._park = None
+            keep, keep_in = ok[owner], ok[in_owner]
+            renumber = np.cumsum(ok) - 1
+            owner, sid, fin, joined = renumber[owner[keep]], sid[keep], fin[keep], joined[keep]
+            in_owner, in_sid, take = renumber[in_owner[keep_in]], in_sid[keep_in], take[keep_in]
+            progress, context, version = progress[ok], context[ok], version[ok]
+            reprefill = [r for r, k in zip(reprefill, ok.tolist(), strict=True) if k]
+            idx = [i for i, k in zip(idx, ok.tolist(), strict=True) if k]
+        if idx:
+            self._park(idx, owner, sid, fin, joined, progress, context, version, np.array(reprefill, bool),
+                       in_owner, in_sid, take)
+        return rest
+
+    def _rows_of(self, idx: list[int]) -> tuple[np.ndarray, ...]:
+        """The state of engines planning on their own, as the arrays a Loading holds."""
+        engines = [self.engines[i] for i in idx]
+        owner = np.repeat(np.arange(len(engines)), [len(e.batch) for e in engines])
+        cat = [np.concatenate([getattr(e.batch, f) for e in engines]) for f in ("sid", "finish", "joined")]
+        in_owner = np.repeat(np.arange(len(engines)), [len(e.inbox) for e in engines])
+        return (owner, *cat, np.array([e.progress for e in engines], np.int64),
+                np.array([e.context for e in engines], np.float64), np.array([e.version for e in engines], np.int64),
+                in_owner, np.concatenate([e.inbox for e in engines]).astype(np.int64))
+
+    def _admissible(self, idx: list[int], owner: np.ndarray, context: np.ndarray, quiet: bool, in_owner: np.ndarray,
+                    in_sid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Engines that admit the head of their inbox whole (vLLM would admit each of them), and
+        which inbox entries are those heads."""
+        n = len(idx)
+        ok = np.full(n, quiet)
+        take = np.zeros(len(in_sid), bool)
+        if not quiet:
+            return ok, take
+        ok &= np.array([self.engines[i].update is None and not self.engines[i].waiting for i in idx])
+        lens = np.bincount(in_owner, minlength=n)
+        running = np.bincount(owner, minlength=n)
+        head = np.minimum(lens, np.maximum(0, self._max_batch[idx] - running))
+        rank = np.arange(len(in_sid)) - (np.cumsum(lens) - lens)[in_owner]
+        take = rank < head[in_owner]
+        which, ids = in_owner[take], in_sid[take]
+        fits = context[which] + self.samples.prompt[ids] + 1 <= self._room[idx][which]
+        firsts = np.cumsum(head) - head
+        fits[firsts[(running == 0) & (head > 0)]] = True  # an empty engine always takes one, however long
+        ok &= np.bincount(which[~fits], minlength=n) == 0
+        return ok, take
+
+    def _park(self, idx: list[int], owner: np.ndarray, sid: np.ndarray, fin: np.ndarray, joined: np.ndarray,
+              progress: np.ndarray, context: np.ndarray, version: np.ndarray, reprefill: np.ndarray,
+              in_owner: np.ndarray, in_sid: np.ndarray, take: np.ndarray) -> None:
+        """Prepare (re-prefill, admit the inbox's head, prefill) and plan these engines at once, file
+        their completions, and park them until the next push or until one needs to decide."""
+        now, s = self.env.now, self.samples
+        n = len(idx)
+        engines = [self.engines[i] for i in idx]
+        running = np.bincount(owner, minlength=n)
+        new_owner, new_sid = in_owner[take], in_sid[take]
+        head = np.bincount(new_owner, minlength=n)
+        rest = np.bincount(in_owner[~take], minlength=n)
+        for e in engines:
+            e.inbox = EMPTY
+        for i in np.flatnonzero(rest).tolist():  # no room for them yet
+            engines[i].inbox = in_sid[~take & (in_owner == i)]
+        tokens = np.bincount(new_owner, weights=s.prompt[new_sid], minlength=n)  # integers, exact
+        reprefill_end = np.where(reprefill, now + self._prefill(idx, np.where(reprefill, context, 0.0)), np.nan)
+        after = np.where(reprefill, reprefill_end, now)
+        has_new = head > 0
+        prefill_end = np.where(has_new, after + self._prefill(idx, tokens), np.nan)
+        t0 = np.where(has_new, prefill_end, after)
+        context1 = context + tokens
+        all_owner = np.concatenate((owner, new_owner))
+        all_sid = np.concatenate((sid, new_sid))
+        all_fin = np.concatenate((fin, progress[new_owner] + s.response[new_sid]))
+        all_joined = np.concatenate((joined, progress[new_owner]))
+        is_new = np.zeros(len(all_sid), bool)
+        is_new[len(sid):] = True
+        tables = [self.engines[i].decode for i in idx]
+        flat = plan_flat(all_owner, all_sid, all_fin, all_joined, progress, context1, t0, self._kv[idx], rest > 0,
+                         tables, self.exit_tokens)
+        is_new = is_new[flat.order]
+        # completions: each engine's first rows, at the ends of their jumps (plus the reward)
+        row_owner = np.repeat(np.arange(n), np.diff(flat.rows))
+        rank = np.arange(len(flat.sid)) - flat.rows[row_owner]
+        n_done = _before(flat.cum, flat.jumps[1:]) - flat.offsets
+        done_rows = rank < n_done[row_owner]
+        times = np.repeat(flat.ends, flat.done) + self._reward[idx][row_owner[done_rows]]
+        first_part = self.controller.plan_parts(times, flat.sid[done_rows], row_owner[done_rows], rank[done_rows], n)
+        idle_end = (n_done == np.diff(flat.rows)) & (rest == 0)
+        p = Parked(idx, np.ones(n, bool), version, progress, context, context1, np.full(n, now), reprefill_end,
+                   prefill_end, running, head, np.ones(n, bool), is_new, rest, idle_end, flat, t0, first_part)
+        self.parked = [q for q in self.parked if q.alive.any()] + [p]
+        for i, e in enumerate(engines):
+            e._parked, e._slot = p, i
+        for i in np.flatnonzero(~idle_end & (np.diff(flat.jumps) > 0)).tolist():  # it decides when it ends
+            end = float(flat.ends[flat.jumps[i + 1] - 1])
+            timeout_at(self.env, end).callbacks.append(lambda _ev, p=p, i=i: self._ended(p, i))
+
+    def _prefill(self, idx: list[int], tokens: np.ndarray) -> np.ndarray:
+        curves = [self.engines[i].prefill for i in idx]
+        if all(c is curves[0] for c in curves):
+            return curves[0].many(tokens)
+        return np.array([c(t) for c, t in zip(curves, tokens.tolist(), strict=True)])
+
+    def _ended(self, p: Parked, i: int) -> None:
+        if p.alive[i]:
+            self.unpark(self.engines[p.engines[i]], Resume("end"))
+
+    def unpark(self, e: Engine, resume: Resume | None = None) -> None:
+        """Hand a parked engine back to its process, in the state the per-engine path would have it
+        in now (its plan in progress, its prefills' records caught up), and resume it."""
+        p, i = e._parked, e._slot
+        assert p is not None
+        p.alive[i] = False
+        e._parked = None
+        flat, t0 = p.plan, float(p.t0[i])
+        e.progress, e.version = int(p.progress[i]), int(p.version[i])
+        if flat.jumps[i] == flat.jumps[i + 1]:  # idle
+            e._plan = None
+            e.batch = Batch(EMPTY, EMPTY, EMPTY)
+            e.context = float(p.context[i])
+            self._resume(e, Resume("woken"))
+            return
+        plan = flat.plan(i, t0)
+        plan.chunk = Chunk(p.first_part + i)
+        e._plan = plan
+        if p.phases_open[i]:
+            r0, r1 = int(flat.rows[i]), int(flat.rows[i + 1])
+            new = p.is_new[r0:r1]
+            new_sids = np.sort(plan.batch.sid[new])
+            reprefill_end = float(p.reprefill_end[i]) if not np.isnan(p.reprefill_end[i]) else None
+            prefill_end = float(p.prefill_end[i]) if not np.isnan(p.prefill_end[i]) else None
+            admission = Admission(new_sids, deque(), e.inbox)
+            joined = (plan.batch, float(p.context[i])) if len(new_sids) else None
+            e._phases = Segment(True, float(p.seg_start[i]), reprefill_end, admission, joined, prefill_end, None, plan)
+            e.batch = plan.batch.without(~new)
+            e.context = float(p.context_pre[i])
+            e.inbox = np.concatenate((new_sids, e.inbox)) if len(new_sids) else e.inbox
+            e._catch_up()
+        else:
+            e._phases = None
+            e.batch, e.context = plan.batch, float(p.context[i])
+        if resume is None:  # interrupted (Engine._interrupt's rules)
+            now = self.env.now
+            if now < plan.ends[-1]:
+                e._interrupted = True
+                if now >= plan.t0:
+                    self.interrupted.append((e, plan))
+                resume = Resume("interrupt")
+            else:
+                resume = Resume("woken" if p.idle_end[i] else "end")
+                if resume.action == "woken":
+                    resume = Resume("end-woken")
+        self._resume(e, resume)
+
+    @staticmethod
+    def _resume(e: Engine, resume: Resume) -> None:
+        event, e._park = e._park, None
+        assert event is not None
+        event.succeed(resume)
+
+    def push(self, version: int, ready_at: float) -> None:
+        """The trainer pushes new weights: parked engines stop, and wait for them, as arrays; the
+        others (and parked ones that must do something of their own first) hear it one by one."""
+        request = (version, ready_at)
+        loading = [g for p in self.parked if p.alive.any() for g in [self._stop(p, request)] if g is not None]
+        self.parked = [p for p in self.parked if p.alive.any()]
+        for e in self.engines:
+            if e._loading is not None:
+                e.update = request
+            else:
+                e.request_update(version, ready_at)
+        if loading:
+            # wait in the order the per-engine path would: after what the trainer does this instant
+            self.env.timeout(0).callbacks.append(lambda _ev: self._wait_loads(loading, ready_at))
+
+    def _wait_loads(self, loading: list[Loading], ready_at: float) -> None:
+        for g in loading:
+            when = g.start + (ready_at - g.start)  # where each engine's timeout of the difference would end
+            for w in np.unique(when).tolist():
+                part = g if (when == w).all() else g.subset(when == w)
+                timeout_at(self.env, w).callbacks.append(lambda _ev, part=part: self._load_group(part, ready_at))
+
+    def _stop(self, p: Parked, request: tuple[int, float]) -> Loading | None:
+        """Stop the parked engines that can at the push (see sim.bulk); returns them, waiting."""
+        now, ready_at = self.env.now, request[1]
+        flat = p.plan
+        count = np.diff(flat.jumps)
+        last = np.where(count > 0, _before(flat.ends, flat.jumps[1:]), -np.inf)
+        ended = last <= now
+        ok = p.alive & (now >= p.t0) & (p.rest == 0) & np.where(ended, p.idle_end, self._interruptible[p.engines])
+        j = np.bincount(flat.je[flat.ends <= now], minlength=len(p.engines))
+        cutting = np.flatnonzero(ok & ~ended)
+        at = flat.jumps[cutting] + j[cutting]  # the jump in progress
+        start = np.where(j[cutting] > 0, _before(flat.ends, at), p.t0[cutting])
+        b, s0, k = flat.b[at], flat.s[at], flat.k[at]
+        d, rest = cut_jumps(b, s0, k, now - start, [self.engines[p.engines[i]].decode for i in cutting.tolist()])
+        stop_at = np.where(rest > 0, now + rest, now)  # as `if rest > 0: yield timeout(rest)` leaves the clock
+        finishing = np.where(d == k, flat.done[at], 0)
+        ok[cutting] &= ready_at > stop_at  # one still decoding when the weights are in loads on its own
+        ok[cutting] &= s0 + b * d <= self._kv[np.asarray(p.engines)[cutting]]  # and one that overflows preempts
+        jcount = np.where(ended, count, j)
+        keep_cut = ok[cutting]
+        cutting, at, start, b, d, stop_at, finishing = (x[keep_cut] for x in (cutting, at, start, b, d, stop_at,
+                                                                              finishing))
+        if not ok.any():
+            return None
+        return self._commit_stop(p, np.flatnonzero(ok), jcount, cutting, at, start, b, d, stop_at, finishing)
+
+    def _commit_stop(self, p: Parked, stop: np.ndarray, jcount: np.ndarray, cutting: np.ndarray, at: np.ndarray,
+                     start: np.ndarray, b: np.ndarray, d: np.ndarray, stop_at: np.ndarray, finishing: np.ndarray
+                     ) -> Loading:
+        """What `Engine._cut` (or `_commit` at the plan's end) does, for the engines in `stop`."""
+        now, flat, s, rec = self.env.now, p.plan, self.samples, self.rec
+        n = len(p.engines)
+        self._record_phases(p, stop, now)
+        chosen = np.zeros(n, bool)
+        chosen[stop] = True
+        p.alive[stop] = False
+        gidx = np.asarray(p.engines)
+        # jumps that have ended: recorded, their completions credited
+        jr = np.arange(len(flat.je)) - flat.jumps[flat.je]
+        ended_jumps = chosen[flat.je] & (jr < jcount[flat.je])
+        je = flat.je[ended_jumps]
+        rec.fleet_intervals(self._names, self._groups, "decode", gidx[je], flat.starts[ended_jumps],
+                            flat.ends[ended_jumps], p.version[je], flat.b[ended_jumps])
+        rec.count(int(ended_jumps.sum()))
+        through = flat.jumps[:-1] + jcount  # jumps before it have ended
+        has = jcount > 0
+        progress = p.progress + np.where(has, _before(flat.k_through, through), 0)
+        context = np.where(has, _before(flat.after, through), p.context)
+        n_done = np.where(has, _before(flat.cum, through) - flat.offsets, 0)
+        self.controller.cut_parts(p.first_part + stop, n_done[stop])
+        # the iteration in progress: it runs to its end, and completes the next jump's samples if last
+        rec.fleet_intervals(self._names, self._groups, "decode", gidx[cutting], start, stop_at, p.version[cutting], b)
+        rec.count(len(cutting))
+        progress[cutting] += d
+        context[cutting] += b * d
+        finish = np.zeros(n, np.int64)
+        finish[cutting] = finishing
+        owner = p.row_owner()
+        rank = np.arange(len(flat.sid)) - flat.rows[owner]
+        gone = chosen[owner] & (rank < n_done[owner] + finish[owner])
+        s.credit_many(flat.sid[gone], p.version[owner[gone]], flat.fin[gone] - flat.joined[gone])
+        late = gone & (rank >= n_done[owner])  # finished by the iteration in progress: in at its end
+        if late.any():
+            ends = np.zeros(n)
+            ends[cutting] = stop_at
+            context -= np.bincount(owner[late], weights=self.exit_tokens[flat.sid[late]], minlength=n)
+            lo = owner[late]
+            self.controller.plan_parts(ends[lo] + self._reward[gidx[lo]], flat.sid[late], lo, rank[late] - n_done[lo],
+                                       n)
+        waiting_since = np.full(n, now)
+        waiting_since[cutting] = stop_at
+        stays = chosen[owner] & ~gone
+        keep = np.flatnonzero(chosen)
+        renumber = np.cumsum(chosen) - 1
+        g = Loading([p.engines[i] for i in keep.tolist()], p.version[keep], progress[keep], context[keep],
+                    waiting_since[keep], renumber[owner[stays]], flat.sid[stays], flat.fin[stays], flat.joined[stays],
+                    np.bincount(owner[stays], minlength=n)[keep])
+        for i, ei in enumerate(g.engines):
+            e = self.engines[ei]
+            e._parked, e._loading, e._slot = None, g, i
+        return g
+
+    def _record_phases(self, p: Parked, which: np.ndarray, now: float, final: bool = False) -> None:
+        """Record the re-prefills and prefills of engines `which` that have happened by now (all of
+        an engine's or none, unless `final`: the run ends)."""
+        which = which[p.phases_open[which] & (final | (now >= p.t0[which]))]
+        if not len(which):
+            return
+        gidx = np.asarray(p.engines)
+        re = which[p.reprefill_end[which] <= now]
+        start = p.seg_start[re]
+        self.rec.fleet_intervals(self._names, self._groups, "reprefill", gidx[re], start, p.reprefill_end[re],
+                                 p.version[re], p.n_pre[re])
+        pre = which[p.prefill_end[which] <= now]
+        begin = np.where(np.isnan(p.reprefill_end[pre]), p.seg_start[pre], p.reprefill_end[pre])
+        self.rec.fleet_intervals(self._names, self._groups, "prefill", gidx[pre], begin, p.prefill_end[pre],
+                                 p.version[pre], p.n_new[pre])
+        self.rec.count(len(re) + len(pre))
+        # an engine with a re-prefill still to end stays open (it has nothing else to record)
+        done = which[~(p.reprefill_end[which] > now) & ~(p.prefill_end[which] > now)]
+        p.phases_open[done] = False
+
+    def _load_group(self, g: Loading, ready_at: float) -> None:
+        """`Engine._load_weights` and `_after_load` for engines that waited as arrays."""
+        now, s = self.env.now, self.samples
+        version = None
+        for ei in g.engines:
+            e = self.engines[ei]
+            if e.update is not None and e.update[1] == ready_at:
+                version = e.update[0]
+                e.update = None
+        assert version is not None
+        sizes = g.count
+        gidx = np.asarray(g.engines)
+        self.rec.fleet_intervals(self._names, self._groups, "weight_load", gidx, g.start, np.full(len(gidx), now),
+                                 np.full(len(gidx), version), sizes)
+        tokens = g.progress[g.owner] - g.joined
+        s.credit_many(g.sid, g.version[g.owner], tokens)
+        s.generated[g.sid] += tokens
+        g.joined = g.progress[g.owner]
+        g.version = np.full(len(gidx), version)
+        for ei in g.engines:
+            self.engines[ei].version = version
+        self.controller.request_dispatch()
+        self.rec.count(int((sizes == 0).sum()))
+        self._plan_soon()
+        self._to_plan.append(g)
+
+    def loading_load(self, e: Engine) -> int:
+        """Running and routed samples of an engine that waits for (or has just loaded) weights."""
+        g = e._loading
+        assert g is not None
+        return int(g.count[e._slot] + g.inbox_count[e._slot])
+
+    def router_view(self, version: int) -> tuple[np.ndarray, np.ndarray]:
+        """Controller.dispatch's view of every engine at once: accepting, and its load."""
+        acc = np.fromiter((e.update is None and e.version == version for e in self.engines), bool, len(self.engines))
+        loads = np.zeros(len(self.engines), np.int64)
+        member = np.zeros(len(self.engines), bool)
+        for g in self._to_plan:
+            loads[g.engines] = g.count + g.inbox_count
+            member[g.engines] = True
+        for i in np.flatnonzero(acc & ~member).tolist():
+            loads[i] = self.engines[i].load()
+        return acc, loads
+
+    def assign(self, engine: np.ndarray, sids: np.ndarray) -> None:
+        """The router sends sids[i] to engine[i]: engines that just loaded as arrays take theirs as
+        arrays; the others hear of their work in the order they got their first sample."""
+        member = np.full(len(self.engines), -1)
+        slot = np.zeros(len(self.engines), np.int64)
+        for gi, g in enumerate(self._to_plan):
+            member[g.engines] = gi
+            slot[g.engines] = np.arange(len(g.engines))
+        where = member[engine]
+        for gi, g in enumerate(self._to_plan):
+            mine = where == gi
+            if mine.any():
+                g.route(slot[engine[mine]], sids[mine])
+        own = where < 0
+        if not own.any():
+            return
+        engine, sids = engine[own], sids[own]
+        order = np.argsort(engine, kind="stable")
+        ranked, starts = np.unique(engine[order], return_index=True)
+        groups = np.split(sids[order], starts[1:])
+        for g in sorted(range(len(ranked)), key=lambda g: groups[g][0]):
+            self.engines[int(ranked[g])].assign(groups[g])
+
+    def parked_load(self, e: Engine) -> int:
+        p, i = e._parked, e._slot
+        assert p is not None
+        return int(p.plan.rows[i + 1] - p.plan.rows[i]) - p.completed_by(i, self.env.now)
+
+    def parked_queued(self, e: Engine) -> int:
+        """Samples routed to a parked engine that its admission has not taken yet."""
+        p, i = e._parked, e._slot
+        assert p is not None
+        admitted = not (p.reprefill_end[i] > self.env.now)  # it admits when its re-prefill ends
+        return 0 if admitted else int(p.n_new[i])
+
+    def flush(self) -> None:
+        """The run ends: record what parked engines have done by now (prefills, and plans that ended)."""
+        now = self.env.now
+        for p in self.parked:
+            alive = np.flatnonzero(p.alive)
+            self._record_phases(p, alive, now, final=True)
+            count = np.diff(p.plan.jumps)
+            ended = alive[(count[alive] == 0) | (_before(p.plan.ends, p.plan.jumps[1:])[alive] <= now)]
+            if len(ended):
+                empty = np.empty(0, np.int64)
+                self._commit_stop(p, ended, count, empty, empty, np.empty(0), empty, empty, np.empty(0), empty)
+
+    def setup(self, controller: Controller, rec: Recorder) -> None:
+        """Per-engine constants as arrays, once every engine has joined."""
+        self.controller, self.rec = controller, rec
+        controller.fleet = self
+        es = self.engines
+        self._max_batch = np.array([e.max_batch for e in es], np.int64)
+        self._kv = np.array([e.kv_tokens for e in es], np.float64)
+        self._room = self._kv * (1 - KV_WATERMARK)
+        self._reward = np.array([e.reward_seconds for e in es], np.float64)
+        self._interruptible = np.array([e.interruptible for e in es], bool)
+
+
+def _before(values: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """values[at - 1], and 0 where at == 0 (for "the last jump before", where there may be none)."""
+    return np.append(np.zeros(1, values.dtype), values)[at]
+
 
 class Engine:
     def __init__(
@@ -188,6 +649,13 @@ class Engine:
         self._plan: Plan | None = None  # decoding: the plan in progress
         self._phases: Segment | None = None  # its prefills, while time has not passed them all
         self._interrupted = False  # an interrupt is on its way to the plan in progress
+        # parked with the fleet (sim.bulk): its state lives in the fleet's arrays meanwhile, and its
+        # process waits on `_park` until the fleet hands it back
+        self._parked: Parked | None = None
+        self._loading: Loading | None = None
+        self._slot = 0  # its index in those arrays
+        self._park: simpy.Event | None = None
+        self.index = fleet.add(self)
         controller.engines.append(self)
         self.proc = env.process(self.run())
 
@@ -197,6 +665,10 @@ class Engine:
         return self.update is None and self.version == version
 
     def load(self) -> int:
+        if self._parked is not None:
+            return self.fleet.parked_load(self) + len(self.waiting) + len(self.inbox)
+        if self._loading is not None:
+            return self.fleet.loading_load(self) + len(self.waiting) + len(self.inbox)
         self._catch_up()
         running = len(self.batch)
         if self._plan is not None:  # samples whose jump has ended are gone already
@@ -208,6 +680,10 @@ class Engine:
 
     def queued(self) -> int:
         """Samples waiting for admission (the queue plot)."""
+        if self._parked is not None:
+            return self.fleet.parked_queued(self) + len(self.waiting) + len(self.inbox)
+        if self._loading is not None:
+            return int(self._loading.inbox_count[self._slot]) + len(self.waiting) + len(self.inbox)
         self._catch_up()
         return len(self.waiting) + len(self.inbox)
 
@@ -221,6 +697,9 @@ class Engine:
         self._interrupt()
 
     def _interrupt(self) -> None:
+        if self._parked is not None:  # it has something of its own to do: back to its process
+            self.fleet.unpark(self)
+            return
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
         elif self._plan is not None and not self._interrupted and self.env.now < self._plan.ends[-1]:
@@ -233,6 +712,7 @@ class Engine:
     # ---- the loop -------------------------------------------------------------------------
     def run(self) -> Generator[simpy.Event, Any, None]:
         woken = False
+        segment: Segment | Resume
         while True:
             if self.update is not None and (self.interruptible or not len(self.batch)):
                 if self.update[1] > self.env.now:  # engines waiting for the same weights load together
@@ -248,12 +728,38 @@ class Engine:
             else:
                 segment = self._prepare(False)
             woken = False
+            if isinstance(segment, Resume):  # it was parked with the fleet meanwhile
+                woken = yield from self._resume(segment)
+                continue
             if segment.plan is None and segment.request is not None:
                 self.fleet.plan([segment])
             if not (yield from self._run(segment)):
                 self._wake = self.env.event()
                 yield self._wake
                 self._wake, woken = None, True
+
+    def _resume(self, resume: Resume) -> Generator[simpy.Event, Any, bool]:
+        """Carry on as `_decode` would from the interrupt or the end of the plan the fleet handed back
+        (Fleet.unpark); True: it is idle, and woken now."""
+        plan = self._plan
+        if plan is None:
+            return True
+        self._plan = None
+        if resume.action == "interrupt":
+            self._catch_up()
+            if self._phases is not None:
+                yield from self._finish_prefills(plan)
+            else:
+                self._start_decoding(plan)
+                yield from self._cut(plan)
+            self._interrupted = False
+            return False
+        self._interrupted = False
+        self._catch_up()
+        self._start_decoding(plan)
+        self._commit(plan, len(plan.k))
+        self._preempt()
+        return resume.action == "end-woken"
 
     def _quiet(self) -> bool:
         """Nothing but an interrupt can reach this engine: it may plan past its next decisions."""

@@ -75,52 +75,106 @@ class Request:
     new: Batch | None = None  # samples joining the batch (kept apart: the plan sorts them in)
 
 
+@dataclass(slots=True)
+class FlatPlans:
+    """The plans of many engines as one set of arrays (engine e owns rows[e]:rows[e+1] of the
+    running samples, sorted by (finish, sid), and jumps[e]:jumps[e+1] of the jumps)."""
+
+    rows: np.ndarray  # [E+1]
+    sid: np.ndarray
+    fin: np.ndarray
+    joined: np.ndarray
+    jumps: np.ndarray  # [E+1]
+    je: np.ndarray  # engine of each jump
+    b: np.ndarray
+    s: np.ndarray
+    k: np.ndarray
+    ends: np.ndarray
+    starts: np.ndarray
+    done: np.ndarray
+    after: np.ndarray
+    cum: np.ndarray  # samples completed by jumps 0..j, counted across engines
+    offsets: np.ndarray  # [E]: cum before each engine's first jump
+    k_through: np.ndarray
+    order: np.ndarray  # rows[r] is input sample order[r]
+
+    def plan(self, e: int, t0: float) -> Plan:
+        """Engine e's plan on its own."""
+        lo, hi, r0, r1 = (int(x) for x in (self.jumps[e], self.jumps[e + 1], self.rows[e], self.rows[e + 1]))
+        batch = Batch(self.sid[r0:r1], self.fin[r0:r1], self.joined[r0:r1])
+        return Plan(t0, self.b[lo:hi], self.s[lo:hi], self.k[lo:hi], self.ends[lo:hi], self.done[lo:hi],
+                    self.after[lo:hi], batch, self.cum[lo:hi], int(self.offsets[e]), self.starts[lo:hi],
+                    self.k_through[lo:hi])
+
+
 def plan_many(requests: list[Request], exit_tokens: np.ndarray) -> list[Plan]:
+    """`plan_flat` for engines given as Requests, one Plan each."""
+    parts = [r.batch for r in requests] + [r.new for r in requests if r.new is not None]
+    owner = list(range(len(requests))) + [e for e, r in enumerate(requests) if r.new is not None]
+    eng = np.repeat(owner, [len(p) for p in parts])
+    flat = plan_flat(eng, np.concatenate([p.sid for p in parts]), np.concatenate([p.finish for p in parts]),
+                     np.concatenate([p.joined for p in parts]), np.array([r.progress for r in requests]),
+                     np.array([r.context for r in requests], np.float64), np.array([r.t0 for r in requests]),
+                     np.array([r.kv_tokens for r in requests], np.float64),
+                     np.array([r.stop_at_completion for r in requests]), [r.decode for r in requests], exit_tokens)
+    return [flat.plan(e, r.t0) for e, r in enumerate(requests)]
+
+
+def _by_engine(eng: np.ndarray, fin: np.ndarray, sid: np.ndarray, progress: np.ndarray) -> np.ndarray:
+    """The order of samples by (engine, finish, sid): one integer key when the three fit in 63 bits
+    (an argsort of ints is many times faster than a lexsort), else a lexsort."""
+    if not len(eng):
+        return np.empty(0, np.int64)
+    rel = fin - progress[eng]  # >= 0: a running sample finishes at or after its engine's progress
+    sid_bits, rel_bits = int(sid.max()).bit_length(), int(rel.max()).bit_length()
+    if rel.min() >= 0 and sid.min() >= 0 and sid_bits + rel_bits + int(eng.max()).bit_length() <= 62:
+        key = (eng.astype(np.int64) << (sid_bits + rel_bits)) | (rel << sid_bits) | sid
+        return np.argsort(key)  # keys are distinct (sample ids are): any sort gives this order
+    return np.lexsort((sid, fin, eng))
+
+
+def plan_flat(eng: np.ndarray, sid: np.ndarray, fin: np.ndarray, joined: np.ndarray, progress: np.ndarray,
+              context: np.ndarray, t0: np.ndarray, kv: np.ndarray, stop: np.ndarray, tables: list[DecodeTable],
+              exit_tokens: np.ndarray) -> FlatPlans:
     """Jumps from completion to completion while each engine's KV cache holds.
 
-    An engine whose first jump would overflow its cache runs that jump alone, up to the overflow
-    (the newest samples are preempted then); with `stop_at_completion` a plan ends at its first
-    completion. Bit for bit what jumping one completion at a time gives: the same sums, in order.
+    Engine e runs the samples with eng == e (in any order). An engine whose first jump would
+    overflow its cache runs that jump alone, up to the overflow (the newest samples are preempted
+    then); with `stop[e]` a plan ends at its first completion. Engines without samples get no
+    jumps. Bit for bit what jumping one completion at a time gives: the same sums, in order.
     """
-    n_eng = len(requests)
-    parts = [r.batch for r in requests] + [r.new for r in requests if r.new is not None]
-    owner = list(range(n_eng)) + [e for e, r in enumerate(requests) if r.new is not None]
-    eng = np.repeat(owner, [len(p) for p in parts])
+    n_eng = len(progress)
     sizes = np.bincount(eng, minlength=n_eng)
-    sid = np.concatenate([p.sid for p in parts])
-    fin = np.concatenate([p.finish for p in parts])
-    order = np.lexsort((sid, fin, eng))  # each engine's samples by (finish, sid)
-    eng, sid, fin = eng[order], sid[order], fin[order]
-    joined = np.concatenate([p.joined for p in parts])[order]
+    order = _by_engine(eng, fin, sid, progress)
+    eng, sid, fin, joined = eng[order], sid[order], fin[order], joined[order]
     # jumps: one per distinct finishing point of each engine
     new = np.ones(len(fin), bool)
     new[1:] = (eng[1:] != eng[:-1]) | (fin[1:] != fin[:-1])
     first = np.flatnonzero(new)
     je = eng[first]
     done = np.diff(np.append(first, len(fin)))
-    freed = np.add.reduceat(exit_tokens[sid], first)
+    freed = np.add.reduceat(exit_tokens[sid], first) if len(first) else np.zeros(0, np.int64)
     first_jump = np.searchsorted(je, np.arange(n_eng))  # each engine's first jump
     count = np.diff(np.append(first_jump, len(je)))
+    busy = count > 0
     rank = np.arange(len(je)) - first_jump[je]
     gone = np.cumsum(done) - done  # completed before this jump, counted across engines
-    b = sizes[je] - (gone - gone[first_jump][je])
-    progress = np.array([r.progress for r in requests])
+    b = sizes[je] - (gone - gone[first_jump[je]])
     prev = np.empty_like(fin[first])
     prev[1:] = fin[first][:-1]
-    prev[first_jump] = progress
+    prev[first_jump[busy]] = progress[busy]
     k = fin[first] - prev
     grow = b * k - freed
     grown = np.cumsum(grow) - grow
-    context = np.array([r.context for r in requests])
-    s = context[je] + (grown - grown[first_jump][je]).astype(np.float64)  # integers: exact either way
-    kv = np.array([r.kv_tokens for r in requests])
+    s = context[je] + (grown - grown[first_jump[je]]).astype(np.float64)  # integers: exact either way
     room = np.floor_divide(kv[je] - s, b)
     # each engine's plan ends before its first jump that would overflow, or after its first
     # completion if it must decide then
-    m = np.minimum.reduceat(np.where(room >= k, count[je], rank), first_jump)
-    stop = np.array([r.stop_at_completion for r in requests])
+    m = np.zeros(n_eng, np.int64)
+    if len(je):
+        m[busy] = np.minimum.reduceat(np.where(room >= k, count[je], rank), first_jump[busy])
     m = np.where(stop, np.minimum(m, 1), m)
-    for e in np.flatnonzero(m == 0):  # the first jump overflows: run it up to the overflow alone
+    for e in np.flatnonzero(busy & (m == 0)):  # the first jump overflows: run it up to the overflow alone
         j, r = first_jump[e], int(room[first_jump[e]])
         k0 = max(1, min(int(k[j]), r)) if r >= 1 else 1
         if k0 != k[j]:
@@ -128,27 +182,22 @@ def plan_many(requests: list[Request], exit_tokens: np.ndarray) -> list[Plan]:
         k[j], m[e] = k0, 1
     keep = rank < m[je]
     b, s, k, done, freed, je, rank = b[keep], s[keep], k[keep], done[keep], freed[keep], je[keep], rank[keep]
-    durations = _durations(requests, je, b, s, k)
+    durations = _durations(tables, je, b, s, k)
     # each engine's clock: sequential sums from its t0, as chained timeouts would give
-    clock = np.zeros((n_eng, int(m.max()) + 1))
-    clock[:, 0] = [r.t0 for r in requests]
+    clock = np.zeros((n_eng, int(m.max(initial=0)) + 1))
+    clock[:, 0] = t0
     clock[je, rank + 1] = durations
     clock = np.cumsum(clock, axis=1)
     starts, ends = clock[je, rank], clock[je, rank + 1]
     after = s + (b * k - freed)
-    bounds = np.append(0, np.cumsum(m)).tolist()
-    rows = np.append(0, np.cumsum(sizes)).tolist()
+    bounds = np.append(0, np.cumsum(m))
     cum = np.cumsum(done)
-    offsets = (cum - done)[bounds[:-1]].tolist()
+    offsets = np.append(0, cum)[bounds[:-1]]
     ck = np.cumsum(k)
-    k_through = ck - (ck - k)[np.repeat(bounds[:-1], m)]  # integers: exact
-    plans = []
-    for e, r in enumerate(requests):
-        lo, hi, r0, r1 = bounds[e], bounds[e + 1], rows[e], rows[e + 1]
-        batch = Batch(sid[r0:r1], fin[r0:r1], joined[r0:r1])
-        plans.append(Plan(r.t0, b[lo:hi], s[lo:hi], k[lo:hi], ends[lo:hi], done[lo:hi], after[lo:hi], batch,
-                          cum[lo:hi], offsets[e], starts[lo:hi], k_through[lo:hi]))
-    return plans
+    k_through = ck - np.append(0, ck)[np.repeat(bounds[:-1], m)]  # integers: exact
+    rows = np.append(0, np.cumsum(sizes))
+    return FlatPlans(rows, sid, fin, joined, bounds, je, b, s, k, ends, starts, done, after, cum, offsets, k_through,
+                     order)
 
 
 def plan_first_jump(r: Request, exit_tokens: np.ndarray) -> Plan:
@@ -170,8 +219,8 @@ def plan_first_jump(r: Request, exit_tokens: np.ndarray) -> Plan:
                 np.array([s0 + (b * k - freed)]), batch, np.array([n]), 0, np.array([r.t0]), np.array([k]))
 
 
-def _durations(requests: list[Request], je: np.ndarray, b: np.ndarray, s: np.ndarray, k: np.ndarray) -> np.ndarray:
-    tables = [r.decode for r in requests]
+def _durations(tables: list[DecodeTable], je: np.ndarray, b: np.ndarray, s: np.ndarray, k: np.ndarray
+               ) -> np.ndarray:
     if all(t is tables[0] for t in tables):
         return tables[0].totals(b, s, k)
     out = np.empty(len(k))
@@ -200,15 +249,22 @@ def cut_many(plans: list[tuple[Plan, DecodeTable]], now: float) -> list[Cut]:
     b = np.array([p.b[j] for (p, _), j in zip(plans, js, strict=True)])
     s0 = np.array([p.s[j] for (p, _), j in zip(plans, js, strict=True)])
     k = np.array([p.k[j] for (p, _), j in zip(plans, js, strict=True)])
-    elapsed = now - start
-    done, rest = np.empty(len(plans), np.int64), np.empty(len(plans))
-    tables = {id(t): t for _, t in plans}
-    which = np.array([id(t) for _, t in plans])
-    for key, table in tables.items():
-        sel = np.flatnonzero(which == key)
+    done, rest = cut_jumps(b, s0, k, now - start, [t for _, t in plans])
+    return [Cut(j, int(d), float(r)) for j, d, r in zip(js, done.tolist(), rest.tolist(), strict=True)]
+
+
+def cut_jumps(b: np.ndarray, s0: np.ndarray, k: np.ndarray, elapsed: np.ndarray, tables: list[DecodeTable]
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Jumps in progress `elapsed` seconds after they started, stopped after their current
+    iteration: (iterations run, seconds until then). tables[i] is jump i's table."""
+    done, rest = np.empty(len(k), np.int64), np.empty(len(k))
+    groups = {id(t): t for t in tables}
+    which = np.array([id(t) for t in tables]) if len(groups) > 1 else None
+    for key, table in groups.items():
+        sel = np.flatnonzero(which == key) if which is not None else np.arange(len(k))
         bb, ss, kk, el = b[sel], s0[sel], k[sel], elapsed[sel]
         d = table.iterations_within(bb, ss, kk, el)
         d = np.where((d == 0) | (table.totals(bb, ss, d) < el - 1e-12), d + 1, d)
         d = np.minimum(kk, d)
         done[sel], rest[sel] = d, table.totals(bb, ss, d) - el
-    return [Cut(j, int(d), float(r)) for j, d, r in zip(js, done.tolist(), rest.tolist(), strict=True)]
+    return done, rest

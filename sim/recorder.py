@@ -36,7 +36,12 @@ class Recorder:
     _next_clock_check: int = 4096
     # intervals filed as arrays: (resource, group, activity, starts, ends, version, samples)
     chunks: list[tuple[str, str, str, np.ndarray, np.ndarray, int, np.ndarray]] = field(default_factory=list)
+    # intervals of many resources filed as arrays: (names, groups, activity, index into names, starts,
+    # ends, versions, samples)
+    fleet_chunks: list[tuple[list[str], list[str], str, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                             np.ndarray]] = field(default_factory=list)
     _busy: Counter[str] = field(default_factory=Counter)  # resource -> busy seconds summed so far
+    _fleet_summed: int = 0  # fleet_chunks already in _busy
     _busy_parts: dict[str, list[float | np.ndarray]] = field(default_factory=dict)  # not summed yet
 
     def count(self, n: int = 1) -> None:
@@ -66,6 +71,15 @@ class Recorder:
         self.chunks.append((resource, group, activity, starts, ends, version, samples))
         self._busy_parts.setdefault(resource, []).append(durations)
 
+    def fleet_intervals(self, names: list[str], groups: list[str], activity: str, idx: np.ndarray,
+                        starts: np.ndarray, ends: np.ndarray, versions: np.ndarray, samples: np.ndarray) -> None:
+        """Intervals of resources names[idx[i]] (one engine each, or several of one engine in order)."""
+        keep = ends > starts  # end > start, as `interval` asks
+        if not keep.all():
+            idx, starts, ends, versions, samples = idx[keep], starts[keep], ends[keep], versions[keep], samples[keep]
+        if len(idx):
+            self.fleet_chunks.append((names, groups, activity, idx, starts, ends, versions, samples))
+
     @property
     def busy(self) -> Counter[str]:
         """Busy seconds per resource: its intervals' lengths added in the order filed, one at a time."""
@@ -79,17 +93,27 @@ class Recorder:
                         total += d
             self._busy[resource] = total
         self._busy_parts = {}
+        for names, _, _, idx, starts, ends, _, _ in self.fleet_chunks[self._fleet_summed:]:
+            totals = np.bincount(idx, weights=ends - starts, minlength=len(names))
+            for i in np.flatnonzero(totals).tolist():
+                self._busy[names[i]] += float(totals[i])
+        self._fleet_summed = len(self.fleet_chunks)
         return self._busy
 
     def rows(self) -> tuple[Row, ...]:
         """Every interval, in order of end time (ties: in the order filed)."""
         rows: list[Any] = list(self.timeline)
-        if not self.chunks:
+        if not self.chunks and not self.fleet_chunks:
             return tuple(rows)
         ends = [np.array([r[4] for r in self.timeline], dtype=np.float64)]
         for resource, group, activity, starts, stops, version, samples in self.chunks:
             rows.extend(zip(repeat(resource), repeat(group), repeat(activity), starts.tolist(), stops.tolist(),
                             repeat(version), samples.tolist(), strict=False))
+            ends.append(stops)
+        for names, groups, activity, idx, starts, stops, versions, samples in self.fleet_chunks:
+            ids = idx.tolist()
+            rows.extend(zip([names[i] for i in ids], [groups[i] for i in ids], repeat(activity), starts.tolist(),
+                            stops.tolist(), versions.tolist(), samples.tolist(), strict=False))
             ends.append(stops)
         order = np.argsort(np.concatenate(ends), kind="stable")
         return tuple(rows[i] for i in order.tolist())

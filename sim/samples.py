@@ -22,7 +22,7 @@ class Samples:
         self.generated = np.zeros(n, np.int64)  # tokens generated before its current residence on an engine
         self.trained_step = np.full(n, -1, np.int64)
         self._credit_sids: list[np.ndarray] = []
-        self._credit_versions: list[int] = []
+        self._credit_versions: list[int | np.ndarray] = []  # one version per call, or one per sample
         self._credit_tokens: list[np.ndarray] = []
 
     def __len__(self) -> int:
@@ -35,13 +35,21 @@ class Samples:
             self._credit_versions.append(version)
             self._credit_tokens.append(tokens)
 
+    def credit_many(self, sids: np.ndarray, versions: np.ndarray, tokens: np.ndarray) -> None:
+        """`credit` with a version per sample (engines that moved through a step together)."""
+        if len(sids):
+            self._credit_sids.append(sids)
+            self._credit_versions.append(versions)
+            self._credit_tokens.append(tokens)
+
     def staleness_tokens(self) -> Counter[int]:
         """Trained tokens by version lag (training step - generating version)."""
         if not self._credit_sids:
             return Counter()
         sids = np.concatenate(self._credit_sids)
         tokens = np.concatenate(self._credit_tokens)
-        versions = np.repeat(self._credit_versions, [len(c) for c in self._credit_sids])
+        versions = np.concatenate([np.full(len(c), v) if isinstance(v, int) else v
+                                   for c, v in zip(self._credit_sids, self._credit_versions, strict=True)])
         lag = self.trained_step[sids] - versions
         trained = (self.trained_step[sids] >= 0) & (tokens > 0)
         totals = np.bincount(lag[trained], weights=tokens[trained]) if trained.any() else np.zeros(0)

@@ -128,12 +128,16 @@ def simulate(
                    workload.reward_seconds, mean_iteration_s=s.mean_iteration_s, interruptible=interruptible)
             for s in specs
         ]
+        fleet.setup(ctl, rec)
     n_engines = len(engines)
     ctl.request_dispatch()
     sync_s = float(cm.sync(cluster.gpu(plan.trainer.gpu_type), workload.model, n_engines,
                            sync_path_bytes_per_s(cluster, plan)).seconds)
 
     def push(version: int, ready_at: float) -> None:
+        if not token_level:
+            fleet.push(version, ready_at)
+            return
         for e in engines:
             e.request_update(version, ready_at)
 
@@ -145,6 +149,7 @@ def simulate(
         trainer.on_step = progress.update
         env.run(until=trainer.done)
     if isinstance(ctl, Controller):
+        fleet.flush()
         ctl.deliver()
         rec.staleness_tokens = ctl.samples.staleness_tokens()
     return _result(rec, ctl, engines, plan, cluster, env.now)

@@ -263,3 +263,26 @@ def test_preempted_samples_generate_their_whole_response() -> None:
     fast, ref = results
     assert fast.timeline.activity.eq("decode").sum() < ref.timeline.activity.eq("decode").sum()
     assert fast.samples_per_s == pytest.approx(ref.samples_per_s, rel=0.01)
+
+
+@pytest.mark.parametrize("interruptible", [True, False])
+def test_parked_engines_change_nothing(monkeypatch: pytest.MonkeyPatch, interruptible: bool) -> None:
+    """Engines moved through the step cycle as arrays (sim.bulk) give the run the per-engine path
+    gives, to the last bit, on a mixed fleet with KV preemption in play."""
+    from sim.engine import Fleet
+
+    plan = Plan(mode="async", staleness=2, trainer=TrainerGroup(gpu_type="H800", dp=8),
+                rollout=(RolloutGroup(gpu_type="H20", instances=4), RolloutGroup(gpu_type="L40S", instances=4)))
+    w = _workload(LONGTAIL, eta=2, interruptible=interruptible, prompts=96, model="qwen2.5-7b")
+    parked = simulate(CLUSTER, w, plan, CM, steps=6, seed=5)
+    assert any(c[2] == "weight_load" for c in parked.recorder.fleet_chunks)  # the array path ran
+    monkeypatch.setattr(Fleet, "_park_all", lambda self, asking, groups: asking)
+    alone = simulate(CLUSTER, w, plan, CM, steps=6, seed=5)
+    assert not alone.recorder.fleet_chunks
+    a, b = parked.summary(), alone.summary()
+    # busy time is summed per engine in another order (one bincount per array of intervals)
+    assert a.pop("utilization") == pytest.approx(b.pop("utilization"), rel=1e-12)
+    assert a == b
+    assert parked.step_times == alone.step_times
+    assert parked.trained_ids == alone.trained_ids
+    assert sorted(parked.timeline_rows) == sorted(alone.timeline_rows)
