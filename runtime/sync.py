@@ -3,7 +3,8 @@
 The group is a `ProcessGroupGloo` of its own (store + ranks), not torch's default process group:
 the trainer's ranks keep the default group for DDP/FSDP, and an engine may live in a process that
 has one of its own. Rank 0 (the trainer) hosts the TCP store on a free port; engines are ranks
-1..n. Only gloo (CPU tensors) is wired; on GPUs the same protocol would run over NCCL.
+1..n. gloo carries CPU tensors; on GPUs the same protocol runs over NCCL (`backend="nccl"`,
+untested here: no GPU was available).
 
 Protocol, one `send` matched by one `receive` on every engine:
 1. a header of three int64: version, layout fingerprint, total bytes. Both sides derive the layout
@@ -84,15 +85,19 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class SyncGroup:
-    """A gloo group of `world_size` ranks on its own TCP store; rank 0 hosts the store."""
+    """A group of `world_size` ranks on its own TCP store; rank 0 hosts the store.
+
+    `backend` "gloo" moves CPU tensors; "nccl" moves tensors on `device` (default the current
+    CUDA device) GPU to GPU. Only gloo has run here (no GPU was available): the NCCL path uses
+    the same protocol with every buffer on the device, and is untested.
+    """
 
     def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float = 300.0,
-                 store: dist.TCPStore | None = None) -> None:
+                 store: dist.TCPStore | None = None, backend: str = "gloo", device: str | None = None) -> None:
         timeout = datetime.timedelta(seconds=timeout_s)
         self.rank, self.world_size = rank, world_size
         self.store = store or dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
-        # blocks until every rank has joined (gloo connects the full mesh here)
-        self.pg = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
+        self.device, self.pg = _process_group(backend, device, self.store, rank, world_size, timeout)
 
     @staticmethod
     def host_store(host: str = "127.0.0.1", world_size: int = 1, timeout_s: float = 300.0) -> dist.TCPStore:
@@ -107,8 +112,23 @@ class SyncGroup:
         return self.pg.broadcast([tensor], opts)
 
 
-def _header(version: int, layout: Layout) -> torch.Tensor:
-    return torch.tensor([version, layout.fingerprint, layout.total_bytes], dtype=torch.int64)
+def _process_group(backend: str, device: str | None, store: dist.TCPStore, rank: int, world_size: int,
+                   timeout: datetime.timedelta) -> tuple[torch.device, dist.ProcessGroup]:
+    """The device buffers live on and the group; both block until every rank has joined."""
+    if backend == "gloo":
+        return torch.device("cpu"), dist.ProcessGroupGloo(store, rank, world_size, timeout)
+    if backend != "nccl":
+        raise ValueError(f"sync backend {backend!r}: use gloo (CPU tensors) or nccl (CUDA tensors)")
+    if not torch.cuda.is_available() or not hasattr(dist, "ProcessGroupNCCL"):
+        raise RuntimeError("sync backend nccl needs a CUDA device and a CUDA build of torch; use gloo on CPU")
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = timeout
+    return torch.device(device or f"cuda:{torch.cuda.current_device()}"), dist.ProcessGroupNCCL(
+        store, rank, world_size, opts)
+
+
+def _header(version: int, layout: Layout, device: torch.device) -> torch.Tensor:
+    return torch.tensor([version, layout.fingerprint, layout.total_bytes], dtype=torch.int64, device=device)
 
 
 class WeightSender:
@@ -124,7 +144,7 @@ class WeightSender:
     def send(self, state_dict: Mapping[str, torch.Tensor], version: int) -> int:
         """Broadcast every tensor's bytes and the version; returns the bytes sent (header excluded)."""
         layout = self._layout_for(state_dict)
-        self.group.broadcast(_header(version, layout)).wait()
+        self.group.broadcast(_header(version, layout, self.group.device)).wait()
         tensors = list(state_dict.values())
         works: list[dist.Work] = []
         buffer_work: list[dist.Work | None] = [None, None]  # the last broadcast out of each packing buffer
@@ -148,7 +168,7 @@ class WeightSender:
         if layout != self._layout:  # the same model every step: buffers are allocated once
             self._layout = layout
             size = max((layout.bucket_bytes(i) for i in range(len(layout.buckets))), default=0)
-            self._buffers = [torch.empty(size, dtype=torch.uint8) for _ in range(2)]
+            self._buffers = [torch.empty(size, dtype=torch.uint8, device=self.group.device) for _ in range(2)]
         return layout
 
     @staticmethod
@@ -175,13 +195,14 @@ class WeightReceiver:
             raise ValueError("rank 0 sends the weights; receivers are ranks 1..n")
         self.group = group
         self.layout = Layout.of(template, bucket_bytes)
-        self._state = {s.name: torch.empty(s.shape, dtype=s.dtype) for s in self.layout.tensors}
+        device = group.device
+        self._state = {s.name: torch.empty(s.shape, dtype=s.dtype, device=device) for s in self.layout.tensors}
         size = max((self.layout.bucket_bytes(i) for i in range(len(self.layout.buckets))), default=0)
-        self._buffers = [torch.empty(size, dtype=torch.uint8) for _ in range(2)]
+        self._buffers = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(2)]
 
     def receive(self) -> tuple[dict[str, torch.Tensor], int]:
         """Block until rank 0 sends; returns the weights (valid until the next `receive`) and their version."""
-        header = torch.zeros(HEADER_LEN, dtype=torch.int64)
+        header = torch.zeros(HEADER_LEN, dtype=torch.int64, device=self.group.device)
         self.group.broadcast(header).wait()
         version, fingerprint, total = (int(x) for x in header)
         if (fingerprint, total) != (self.layout.fingerprint, self.layout.total_bytes):
