@@ -19,6 +19,11 @@ same batch (up to float summation order). How:
 - loss statistics are summed over ranks in one all-reduce at the end of the step, so every rank (and
   rank 0, which the driver reads) returns the global `StepStats`.
 
+Wrappers: `wrap="ddp"` (a full replica per rank) or `wrap="fsdp"` (FSDP2's `fully_shard`: parameters,
+gradients and Adam state sharded over the ranks; it too averages gradients over ranks, so the same
+normalisation holds). Under fsdp, `weights()` all-gathers, so every rank must call it together, and
+checkpoints are refused (they need torch.distributed.checkpoint, not wired).
+
 Process group: torch's default group (`init_dp_group`), separate from runtime.sync's weight-sync group,
 which is a `ProcessGroupGloo` of its own. Device and backend: CUDA and NCCL where a GPU exists (Ray gives
 each trainer actor one GPU, which it sees as device 0), CPU and gloo otherwise. Only the CPU/gloo path is
@@ -29,10 +34,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -51,12 +58,12 @@ from runtime.trainer import (
     pack,
 )
 
-__all__ = ["DataParallelTrainer", "backend_for", "default_device", "host_dp_store", "init_dp_group",
+__all__ = ["DataParallelTrainer", "Wrap", "backend_for", "default_device", "host_dp_store", "init_dp_group",
            "minibatch_rows", "shard_rows"]
 
-# per minibatch, summed over ranks: loss token-sum, clipped tokens, dropped tokens, behaviour-weight sum,
-# entropy token-sum (each later divided by the minibatch's global token count)
-_STAT_FIELDS = 5
+# ddp: a full replica per rank, gradients all-reduced. fsdp: FSDP2's fully_shard, parameters, gradients and
+# Adam state sharded over the ranks (memory / dp), weights all-gathered for each forward
+Wrap = Literal["ddp", "fsdp"]
 
 
 def default_device() -> torch.device:
@@ -129,6 +136,28 @@ def batch_fingerprint(rollouts: Sequence[Rollout]) -> int:
     return zlib.crc32(text.encode())
 
 
+def _fully_shard(model: torch.nn.Module, device: torch.device, world_size: int) -> None:
+    """FSDP2 in place: each block Hugging Face says not to split (the decoder layers) is a unit, the rest
+    (embeddings, tied head, final norm) is the root's; parameters are sharded over the dp ranks."""
+    # imported here: fully_shard is public from torch 2.6, and the ddp path needs none of it
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (world_size,))
+    blocks = set(getattr(model, "_no_split_modules", None) or ())
+    for module in model.modules():
+        if module is not model and type(module).__name__ in blocks:
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor from a shard (an all-gather: every rank must call it), or the tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor().detach() if isinstance(tensor, DTensor) else tensor.detach()
+
+
 def _to_device(batch: Packed, device: torch.device) -> Packed:
     return Packed(*(getattr(batch, f.name).to(device) for f in dataclasses.fields(batch)))
 
@@ -143,18 +172,48 @@ class DataParallelTrainer(Trainer):
     """
 
     def __init__(self, model: PreTrainedModel, pad_id: int, config: TrainConfig | None = None, seed: int = 0,
-                 clock: Callable[[], float] = time.perf_counter, device: torch.device | None = None) -> None:
+                 clock: Callable[[], float] = time.perf_counter, device: torch.device | None = None,
+                 wrap: Wrap = "ddp") -> None:
         if not dist.is_initialized():
             raise RuntimeError("join the data-parallel process group (init_dp_group) before building a rank")
+        if wrap not in ("ddp", "fsdp"):
+            raise ValueError(f"wrap must be 'ddp' or 'fsdp', not {wrap!r}")
         super().__init__(model, pad_id, config, seed, clock)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.device = device or default_device()
+        self.device, self.wrap = device or default_device(), wrap
         # Module.to keeps the Parameter objects (it swaps their data), so the optimizer built above still
         # holds them; Adam has no state yet to move
         self.model.to(self.device)
-        # construction checks that every rank holds the same parameter shapes and broadcasts rank 0's values
-        self.ddp = DistributedDataParallel(
-            self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self.wrapped: torch.nn.Module = self.model  # what the training forward runs through
+        if wrap == "ddp":
+            # construction checks that every rank holds the same parameter shapes and broadcasts rank 0's values
+            self.wrapped = DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        else:
+            _fully_shard(self.model, self.device, self.world_size)
+            # fully_shard replaced the parameters by sharded ones: the optimizer built above holds the old
+            # ones, so it is rebuilt, of the same class with the same settings, over the shards
+            self.optimizer = type(self.optimizer)(self.model.parameters(), **self.optimizer.defaults)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """Full weights, as the plain `Trainer` gives them. With fsdp, a collective: every rank must call it."""
+        if self.wrap == "ddp":
+            return super().weights()
+        return {k: _full(v) for k, v in self.model.state_dict().items()}
+
+    def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        self._refuse_sharded_checkpoint()
+        super().save_checkpoint(path)
+
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        self._refuse_sharded_checkpoint()
+        super().load_checkpoint(path)
+
+    def _refuse_sharded_checkpoint(self) -> None:
+        # the base class would pickle each rank's shards as if they were whole tensors
+        if self.wrap == "fsdp":
+            raise NotImplementedError("checkpoints of fsdp ranks need torch.distributed.checkpoint (not wired); "
+                                      "use wrap='ddp' where checkpoints are written")
 
     def train_step(self, rollouts: list[Rollout]) -> StepStats:
         """One step on the global batch: this rank's groups, the global minibatches, DDP-averaged gradients."""
@@ -193,7 +252,7 @@ class DataParallelTrainer(Trainer):
         # no rows here: a forward on row 0 with every token masked, for a zero gradient in DDP's all-reduce
         idx = torch.tensor(mine or [0], device=self.device)
         mask = batch.response[idx] if mine else torch.zeros_like(batch.response[idx])
-        logp, entropy = _logprobs_and_entropy(self.ddp, batch.ids[idx], batch.attention[idx], cfg.temperature)
+        logp, entropy = _logprobs_and_entropy(self.wrapped, batch.ids[idx], batch.attention[idx], cfg.temperature)
         loss, stats = decoupled_ppo_loss(logp, prox[idx], batch.behav[idx], adv_tokens[idx], mask,
                                          cfg.clip_eps, cfg.behav_weight_cap)
         n = mask.sum()
@@ -203,6 +262,7 @@ class DataParallelTrainer(Trainer):
         self.optimizer.zero_grad(set_to_none=True)
         (objective * (self.world_size / total)).backward()  # x world size: DDP divides the sum by it
         tokens = float(n)
+        # summed over ranks at the end of the step, then divided by the minibatch's global token count
         return torch.tensor([float(token_sum.detach()), stats.clip_fraction * tokens, stats.dropped_fraction * tokens,
                              stats.mean_behav_weight * tokens, float(entropy_sum.detach())], dtype=torch.float64)
 

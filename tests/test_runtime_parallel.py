@@ -18,7 +18,7 @@ import torch
 import torch.multiprocessing as mp
 
 from runtime.model import CharTokenizer, build_model, tiny_llama_config
-from runtime.parallel import DataParallelTrainer, host_dp_store, init_dp_group, minibatch_rows, shard_rows
+from runtime.parallel import DataParallelTrainer, Wrap, host_dp_store, init_dp_group, minibatch_rows, shard_rows
 from runtime.trainer import Rollout, StepStats, TrainConfig, Trainer
 
 DP = 2
@@ -51,10 +51,11 @@ def _batch(step: int, groups: int = 4, per_group: int = 3, long_groups: int = 2)
 # near-zero elements float32's summation-order noise (rows split over ranks) becomes ~0.1% of the lr in the
 # weights; in float64 dp=2 matches dp=1 to ~1e-13, which shows the split and normalisation are exact.
 # The float32 scenario is the production dtype, checked with a tolerance that noise allows.
-SCENARIOS: dict[str, tuple[TrainConfig, torch.dtype, list[list[Rollout]]]] = {
-    "multi_step": (MULTI_STEP, torch.float64, [_batch(s) for s in range(3)]),
-    "one_row": (ONE_ROW, torch.float64, [_batch(s) for s in range(2)]),
-    "float32": (MULTI_STEP, torch.float32, [_batch(0)]),
+SCENARIOS: dict[str, tuple[TrainConfig, torch.dtype, Wrap, list[list[Rollout]]]] = {
+    "multi_step": (MULTI_STEP, torch.float64, "ddp", [_batch(s) for s in range(3)]),
+    "one_row": (ONE_ROW, torch.float64, "ddp", [_batch(s) for s in range(2)]),
+    "float32": (MULTI_STEP, torch.float32, "ddp", [_batch(0)]),
+    "fsdp": (MULTI_STEP, torch.float64, "fsdp", [_batch(s) for s in range(3)]),
 }
 
 
@@ -75,13 +76,23 @@ def _rank(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     init_dp_group(rank, DP, "127.0.0.1", port, timeout_s=60)
     result: dict[str, Any] = {}
-    for name, (config, dtype, batches) in SCENARIOS.items():
-        trainer = DataParallelTrainer(_model(dtype), TOK.pad_id, config, seed=SEED)
+    for name, (config, dtype, wrap, batches) in SCENARIOS.items():
+        trainer = DataParallelTrainer(_model(dtype), TOK.pad_id, config, seed=SEED, wrap=wrap)
         steps = []
         for batch in batches:
             stats = trainer.train_step(batch)
-            steps.append((stats, {k: v.clone() for k, v in trainer.weights().items()}))
-        result[name] = {"steps": steps, "optimizer": trainer.optimizer.state_dict()}
+            steps.append((stats, {k: v.clone() for k, v in trainer.weights().items()}))  # fsdp: all ranks gather
+        result[name] = {"steps": steps}
+        if wrap == "ddp":
+            result[name]["optimizer"] = trainer.optimizer.state_dict()
+        else:  # elements this rank holds, against the model's: sharded, not replicated
+            result[name]["held"] = sum(p.to_local().numel() for p in trainer.model.parameters())
+            try:
+                trainer.save_checkpoint(Path(out) / "never.pt")
+            except NotImplementedError as exc:
+                result[name]["checkpoint"] = str(exc)
+        if name == "multi_step" and rank == 0:
+            trainer.save_checkpoint(Path(out) / "checkpoint.pt")  # rank 0 writes, as the Ray driver asks it to
     trainer = DataParallelTrainer(_model(), TOK.pad_id, MULTI_STEP, seed=SEED)
     result["odd_groups"] = _expect_error(trainer, _batch(0, groups=3))
     result["different_batches"] = _expect_error(trainer, _batch(rank))
@@ -97,12 +108,12 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     # and transformers once (~10 s on 2 cores) rather than once per rank, concurrently (~20 s)
     multiprocessing.get_context("forkserver").set_forkserver_preload(["runtime.parallel", "runtime.model"])
     mp.start_processes(_rank, args=(int(store.port), str(out)), nprocs=DP, join=True, start_method="forkserver")
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(DP)]
+    return [{**torch.load(out / f"rank{r}.pt", weights_only=False), "dir": out} for r in range(DP)]
 
 
 def _reference(name: str) -> tuple[Trainer, list[tuple[StepStats, dict[str, torch.Tensor]]]]:
     """The dp=1 `Trainer` on the same batches, with the same model and seed."""
-    config, dtype, batches = SCENARIOS[name]
+    config, dtype, _, batches = SCENARIOS[name]
     trainer = Trainer(_model(dtype), TOK.pad_id, config, seed=SEED)
     steps = []
     for batch in batches:
@@ -166,6 +177,23 @@ def test_minibatches_where_a_rank_holds_no_rows(ranks: list[dict[str, Any]]) -> 
         for (stats, weights), (want_stats, want_weights) in zip(rank["one_row"]["steps"], want, strict=True):
             _assert_weights_equal(weights, want_weights)
             _assert_stats_equal(stats, want_stats)
+
+
+def test_fsdp_steps_equal_dp1_steps(ranks: list[dict[str, Any]]) -> None:
+    _, want = _reference("fsdp")
+    for rank in ranks:
+        for (stats, weights), (want_stats, want_weights) in zip(rank["fsdp"]["steps"], want, strict=True):
+            _assert_weights_equal(weights, want_weights)
+            _assert_stats_equal(stats, want_stats)
+        assert "torch.distributed.checkpoint" in rank["fsdp"]["checkpoint"]
+        assert rank["fsdp"]["held"] <= sum(p.numel() for p in _model().parameters()) // DP + 1000
+
+
+def test_rank0_checkpoint_loads_into_a_plain_trainer(ranks: list[dict[str, Any]]) -> None:
+    trainer = Trainer(_model(), TOK.pad_id, MULTI_STEP, seed=SEED)
+    trainer.load_checkpoint(ranks[0]["dir"] / "checkpoint.pt")
+    assert trainer.version == len(SCENARIOS["multi_step"][3])
+    _assert_weights_equal(trainer.weights(), ranks[1]["multi_step"]["steps"][-1][1], atol=0.0)
 
 
 def test_dp2_float32_step_equals_dp1_within_float32_noise(ranks: list[dict[str, Any]]) -> None:
