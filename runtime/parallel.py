@@ -59,7 +59,7 @@ from runtime.trainer import (
 )
 
 __all__ = ["DataParallelTrainer", "Wrap", "backend_for", "default_device", "host_dp_store", "init_dp_group",
-           "minibatch_rows", "shard_rows"]
+           "minibatch_rows", "shard_rows", "step_fingerprint"]
 
 # ddp: a full replica per rank, gradients all-reduced. fsdp: FSDP2's fully_shard, parameters, gradients and
 # Adam state sharded over the ranks (memory / dp), weights all-gathered for each forward
@@ -130,10 +130,11 @@ def minibatch_rows(rows: int, minibatches: int, seed: int, step: int) -> list[to
     return list(order.chunk(min(minibatches, rows)))
 
 
-def batch_fingerprint(rollouts: Sequence[Rollout]) -> int:
-    """A cheap digest of what decides the step (groups, rewards, lengths, versions): ranks must agree on it."""
-    text = repr([(r.group, r.reward, len(r.prompt), len(r.tokens), r.versions) for r in rollouts])
-    return zlib.crc32(text.encode())
+def step_fingerprint(rollouts: Sequence[Rollout], seed: int, version: int, config: TrainConfig) -> int:
+    """A cheap digest of what decides a step's split and minibatches (the batch's groups, rewards, lengths
+    and versions; the seed, version and config): the ranks must agree on it."""
+    batch = [(r.group, r.reward, len(r.prompt), len(r.tokens), r.versions) for r in rollouts]
+    return zlib.crc32(repr((seed, version, config, batch)).encode())
 
 
 def _fully_shard(model: torch.nn.Module, device: torch.device, world_size: int) -> None:
@@ -165,10 +166,11 @@ def _to_device(batch: Packed, device: torch.device) -> Packed:
 class DataParallelTrainer(Trainer):
     """One data-parallel rank of the GRPO trainer; `train_step` takes the global batch on every rank.
 
-    Construct it after `init_dp_group`, on every rank, with the same model and seed (DDP also broadcasts
-    rank 0's weights at construction). `model`, `optimizer`, `weights()` and checkpoints are the plain
-    `Trainer`'s (unwrapped, the same state-dict keys), so weight sync and checkpoints work unchanged from
-    rank 0; on load, every rank loads the same checkpoint.
+    Construct it after `init_dp_group`, on every rank, with the same model, config and seed (DDP also
+    broadcasts rank 0's weights at construction), and call `train_step` on every rank with the same batch.
+    With ddp, `model`, `weights()` and checkpoints are the plain `Trainer`'s (unwrapped, the same state-dict
+    keys), so weight sync and checkpoint writes run on rank 0 alone; on resume every rank loads the same
+    file. With fsdp, `weights()` is a collective and checkpoints are refused.
     """
 
     def __init__(self, model: PreTrainedModel, pad_id: int, config: TrainConfig | None = None, seed: int = 0,
@@ -281,15 +283,17 @@ class DataParallelTrainer(Trainer):
             grad_norm=max(norms), entropy=entropy, lags=tuple(sorted(lags.items())))
 
     def _check_same_batch(self, rollouts: list[Rollout]) -> None:
-        """Refuse, on every rank at once, a step whose ranks were handed different batches.
+        """Refuse, on every rank at once, a step whose ranks were handed different batches (or hold different
+        seeds, versions or configs).
 
         Ranks that disagreed would silently train on a batch no one sent, or wait forever in a collective
         that another rank never reaches; one all-reduce of (fingerprint, -fingerprint) under MAX gives
         every rank the same max and min, so all of them raise together.
         """
-        fp = batch_fingerprint(rollouts) if rollouts else -1
+        fp = step_fingerprint(rollouts, self.seed, self.version, self.config)
         both = torch.tensor([fp, -fp], dtype=torch.int64, device=self.device)
         dist.all_reduce(both, op=dist.ReduceOp.MAX)
         if int(both[0]) != -int(both[1]):
             raise ValueError(f"data-parallel rank {self.rank} of {self.world_size}: the ranks were handed "
-                             "different batches; every rank must get the same global batch")
+                             "different batches, or differ in seed, version or config; every rank must get the "
+                             "same global batch")

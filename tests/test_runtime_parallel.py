@@ -97,6 +97,8 @@ def _rank(rank: int, port: int, out: str) -> None:
     result["odd_groups"] = _expect_error(trainer, _batch(0, groups=3))
     result["different_batches"] = _expect_error(trainer, _batch(rank))
     result["version_after_errors"] = trainer.version
+    result["different_seeds"] = _expect_error(DataParallelTrainer(_model(), TOK.pad_id, MULTI_STEP, seed=rank),
+                                              _batch(0))
     torch.save(result, Path(out) / f"rank{rank}.pt")
 
 
@@ -210,6 +212,7 @@ def test_bad_batches_are_refused_on_every_rank(ranks: list[dict[str, Any]]) -> N
     for rank in ranks:
         assert "3 GRPO groups" in rank["odd_groups"] and "multiple of 2" in rank["odd_groups"]
         assert "different batches" in rank["different_batches"]
+        assert "differ in seed" in rank["different_seeds"]
         assert rank["version_after_errors"] == 0  # nothing was trained
 
 
