@@ -1,0 +1,299 @@
+"""Data-parallel trainer ranks: each of dp processes holds a replica; DDP averages the gradients.
+
+The contract: a dp=k step on a batch gives the weights and `StepStats` of a dp=1 `Trainer` step on the
+same batch (up to float summation order). How:
+- every rank is handed the *global* batch (from Ray, one object read by all ranks: rollouts are token
+  lists, small beside the weights). Advantages, rewards, token counts and version lags are computed
+  from it on every rank, so they are global without any communication;
+- each rank trains on whole GRPO groups: groups in order of first appearance, cut into dp equal
+  contiguous blocks (`shard_rows`); a batch whose group count is not a multiple of dp is refused;
+- minibatches are the dp=1 trainer's: the same seeded permutation of the global rows, cut the same way
+  (`minibatch_rows`). Each rank takes the rows of each global minibatch that it holds, possibly none;
+- the loss of a global minibatch is a token-mean over all its response tokens. A rank's objective is
+  its own token-sum divided by the minibatch's *global* token count (known from the global batch),
+  times the world size, because DDP averages gradients over ranks: the average of k such gradients
+  is the gradient of the global token-mean. Gradients after DDP's all-reduce are global and identical
+  on every rank, so grad-norm clipping uses the global norm, and Adam's updates stay identical;
+- a rank with no rows in a minibatch still runs a forward and backward (on one of its rows, every token
+  masked): DDP's all-reduce needs every rank, and a zero gradient is that rank's share;
+- loss statistics are summed over ranks in one all-reduce at the end of the step, so every rank (and
+  rank 0, which the driver reads) returns the global `StepStats`.
+
+Wrappers: `wrap="ddp"` (a full replica per rank) or `wrap="fsdp"` (FSDP2's `fully_shard`: parameters,
+gradients and Adam state sharded over the ranks; it too averages gradients over ranks, so the same
+normalisation holds). Under fsdp, `weights()` all-gathers, so every rank must call it together, and
+checkpoints are refused (they need torch.distributed.checkpoint, not wired).
+
+Process group: torch's default group (`init_dp_group`), separate from runtime.sync's weight-sync group,
+which is a `ProcessGroupGloo` of its own. Device and backend: CUDA and NCCL where a GPU exists (Ray gives
+each trainer actor one GPU, which it sees as device 0), CPU and gloo otherwise. Only the CPU/gloo path is
+tested here; the CUDA/NCCL path is wired the same way but untested on this machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import time
+import zlib
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from transformers import PreTrainedModel
+
+from runtime.trainer import (
+    Packed,
+    Rollout,
+    StepStats,
+    TrainConfig,
+    Trainer,
+    _logprobs_and_entropy,
+    decoupled_ppo_loss,
+    grpo_advantages,
+    pack,
+)
+
+__all__ = ["DataParallelTrainer", "Wrap", "backend_for", "default_device", "host_dp_store", "init_dp_group",
+           "minibatch_rows", "shard_rows", "step_fingerprint"]
+
+# ddp: a full replica per rank, gradients all-reduced. fsdp: FSDP2's fully_shard, parameters, gradients and
+# Adam state sharded over the ranks (memory / dp), weights all-gathered for each forward
+Wrap = Literal["ddp", "fsdp"]
+
+
+def default_device() -> torch.device:
+    """cuda:0 where a GPU is visible (a Ray actor with one GPU sees it as device 0), the CPU otherwise."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def backend_for(device: torch.device) -> str:
+    """NCCL for CUDA tensors, gloo for CPU tensors: each backend only moves tensors of its device."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def host_dp_store(host: str, world_size: int, timeout_s: float = 300.0) -> dist.TCPStore:
+    """The data-parallel group's store, on a free port of `host` (read it back from `.port`).
+
+    Hosted by rank 0 (or by the process that spawns the ranks); the others connect with `init_dp_group`.
+    """
+    return dist.TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def init_dp_group(rank: int, world_size: int, host: str = "127.0.0.1", port: int = 0,
+                  device: torch.device | None = None, store: dist.Store | None = None,
+                  timeout_s: float = 300.0) -> None:
+    """Join torch's default process group as data-parallel rank `rank`; blocks until all ranks joined.
+
+    Pass `store` in the process that hosts it (`host_dp_store`), `host` and `port` everywhere else.
+    """
+    if dist.is_initialized():
+        raise RuntimeError("this process already has a default process group; one trainer rank per process")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside a data-parallel group of {world_size}")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if store is None:
+        store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+    backend = backend_for(device or default_device())
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+
+
+def shard_rows(groups: Sequence[int], rank: int, world_size: int) -> tuple[int, ...]:
+    """Indices of the rows of `rank`'s GRPO groups: groups in order of first appearance, in dp equal blocks.
+
+    Whole groups, so a rank's rows keep their group mates (what a per-rank advantage would need), and equal
+    group counts, so ranks get even work when groups are of one size (the usual n samples per prompt).
+    """
+    order = list(dict.fromkeys(groups))
+    if not order:
+        raise ValueError("an empty batch cannot be trained")
+    if len(order) % world_size:
+        raise ValueError(f"the batch has {len(order)} GRPO groups, which dp={world_size} ranks cannot share "
+                         f"equally: a data-parallel batch must hold a multiple of {world_size} groups")
+    per_rank = len(order) // world_size
+    mine = set(order[rank * per_rank:(rank + 1) * per_rank])
+    return tuple(i for i, g in enumerate(groups) if g in mine)
+
+
+def minibatch_rows(rows: int, minibatches: int, seed: int, step: int) -> list[torch.Tensor]:
+    """The global minibatches of a step, drawn as `Trainer.train_step` draws them.
+
+    Same generator, seed rule and cut, so a dp=k step trains on the same minibatches as a dp=1 step;
+    the parity test fails if the two ever drift apart.
+    """
+    order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed * 100_003 + step))
+    return list(order.chunk(min(minibatches, rows)))
+
+
+def step_fingerprint(rollouts: Sequence[Rollout], seed: int, version: int, config: TrainConfig) -> int:
+    """A cheap digest of what decides a step's split and minibatches (the batch's groups, rewards, lengths
+    and versions; the seed, version and config): the ranks must agree on it."""
+    batch = [(r.group, r.reward, len(r.prompt), len(r.tokens), r.versions) for r in rollouts]
+    return zlib.crc32(repr((seed, version, config, batch)).encode())
+
+
+def _fully_shard(model: torch.nn.Module, device: torch.device, world_size: int) -> None:
+    """FSDP2 in place: each block Hugging Face says not to split (the decoder layers) is a unit, the rest
+    (embeddings, tied head, final norm) is the root's; parameters are sharded over the dp ranks."""
+    # imported here: fully_shard is public from torch 2.6, and the ddp path needs none of it
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (world_size,))
+    blocks = set(getattr(model, "_no_split_modules", None) or ())
+    for module in model.modules():
+        if module is not model and type(module).__name__ in blocks:
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor from a shard (an all-gather: every rank must call it), or the tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor().detach() if isinstance(tensor, DTensor) else tensor.detach()
+
+
+def _to_device(batch: Packed, device: torch.device) -> Packed:
+    return Packed(*(getattr(batch, f.name).to(device) for f in dataclasses.fields(batch)))
+
+
+class DataParallelTrainer(Trainer):
+    """One data-parallel rank of the GRPO trainer; `train_step` takes the global batch on every rank.
+
+    Construct it after `init_dp_group`, on every rank, with the same model, config and seed (DDP also
+    broadcasts rank 0's weights at construction), and call `train_step` on every rank with the same batch.
+    With ddp, `model`, `weights()` and checkpoints are the plain `Trainer`'s (unwrapped, the same state-dict
+    keys), so weight sync and checkpoint writes run on rank 0 alone; on resume every rank loads the same
+    file. With fsdp, `weights()` is a collective and checkpoints are refused.
+    """
+
+    def __init__(self, model: PreTrainedModel, pad_id: int, config: TrainConfig | None = None, seed: int = 0,
+                 clock: Callable[[], float] = time.perf_counter, device: torch.device | None = None,
+                 wrap: Wrap = "ddp") -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("join the data-parallel process group (init_dp_group) before building a rank")
+        if wrap not in ("ddp", "fsdp"):
+            raise ValueError(f"wrap must be 'ddp' or 'fsdp', not {wrap!r}")
+        super().__init__(model, pad_id, config, seed, clock)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.device, self.wrap = device or default_device(), wrap
+        # Module.to keeps the Parameter objects (it swaps their data), so the optimizer built above still
+        # holds them; Adam has no state yet to move
+        self.model.to(self.device)
+        self.wrapped: torch.nn.Module = self.model  # what the training forward runs through
+        if wrap == "ddp":
+            # construction checks that every rank holds the same parameter shapes and broadcasts rank 0's values
+            self.wrapped = DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        else:
+            _fully_shard(self.model, self.device, self.world_size)
+            # fully_shard replaced the parameters by sharded ones: the optimizer built above holds the old
+            # ones, so it is rebuilt, of the same class with the same settings, over the shards
+            self.optimizer = type(self.optimizer)(self.model.parameters(), **self.optimizer.defaults)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """Full weights, as the plain `Trainer` gives them. With fsdp, a collective: every rank must call it."""
+        if self.wrap == "ddp":
+            return super().weights()
+        return {k: _full(v) for k, v in self.model.state_dict().items()}
+
+    def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        self._refuse_sharded_checkpoint()
+        super().save_checkpoint(path)
+
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        self._refuse_sharded_checkpoint()
+        super().load_checkpoint(path)
+
+    def _refuse_sharded_checkpoint(self) -> None:
+        # the base class would pickle each rank's shards as if they were whole tensors
+        if self.wrap == "fsdp":
+            raise NotImplementedError("checkpoints of fsdp ranks need torch.distributed.checkpoint (not wired); "
+                                      "use wrap='ddp' where checkpoints are written")
+
+    def train_step(self, rollouts: list[Rollout]) -> StepStats:
+        """One step on the global batch: this rank's groups, the global minibatches, DDP-averaged gradients."""
+        self._check_same_batch(rollouts)
+        cfg, step = self.config, self.version
+        rows = shard_rows([r.group for r in rollouts], self.rank, self.world_size)
+        rewards = torch.tensor([r.reward for r in rollouts])
+        adv = grpo_advantages(rewards, torch.tensor([r.group for r in rollouts]), cfg.adv_eps)[list(rows)]
+        batch = _to_device(pack([rollouts[i] for i in rows], self.pad_id), self.device)
+        adv_tokens = adv.to(self.device)[:, None].expand_as(batch.behav)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr_at(step)
+        t0 = self.clock()
+        with torch.no_grad():
+            self.model.eval()  # the proximal pass is an inference, on this rank's rows only
+            prox = _logprobs_and_entropy(self.model, batch.ids, batch.attention, cfg.temperature)[0]
+            self.model.train()
+        t1 = self.clock()
+        local = {g: i for i, g in enumerate(rows)}  # global row -> row of this rank's packed batch
+        sizes = [len(r.tokens) for r in rollouts]  # response tokens: the mask `pack` builds has as many
+        sums, totals, norms = [], [], []
+        for part in minibatch_rows(len(rollouts), cfg.minibatches, self.seed, step):
+            totals.append(max(sum(sizes[i] for i in part.tolist()), 1))  # as the dp=1 mean clamps at 1
+            mine = [local[i] for i in part.tolist() if i in local]
+            sums.append(self._minibatch(batch, prox, adv_tokens, mine, totals[-1]))
+            norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)))
+            self.optimizer.step()
+        self.version += 1
+        self.last_intervals = (("logprob", t0, t1), ("train", t1, self.clock()))
+        return self._global_stats(rollouts, step, torch.stack(sums), totals, norms)
+
+    def _minibatch(self, batch: Packed, prox: torch.Tensor, adv_tokens: torch.Tensor, mine: list[int],
+                   total: int) -> torch.Tensor:
+        """Backward of this rank's share of one global minibatch (DDP all-reduces); its statistic sums."""
+        cfg = self.config
+        # no rows here: a forward on row 0 with every token masked, for a zero gradient in DDP's all-reduce
+        idx = torch.tensor(mine or [0], device=self.device)
+        mask = batch.response[idx] if mine else torch.zeros_like(batch.response[idx])
+        logp, entropy = _logprobs_and_entropy(self.wrapped, batch.ids[idx], batch.attention[idx], cfg.temperature)
+        loss, stats = decoupled_ppo_loss(logp, prox[idx], batch.behav[idx], adv_tokens[idx], mask,
+                                         cfg.clip_eps, cfg.behav_weight_cap)
+        n = mask.sum()
+        token_sum = loss * n  # the loss is a mean over this rank's tokens: back to their sum
+        entropy_sum = (entropy * mask).sum()
+        objective = token_sum - cfg.entropy_coef * entropy_sum if cfg.entropy_coef else token_sum
+        self.optimizer.zero_grad(set_to_none=True)
+        (objective * (self.world_size / total)).backward()  # x world size: DDP divides the sum by it
+        tokens = float(n)
+        # summed over ranks at the end of the step, then divided by the minibatch's global token count
+        return torch.tensor([float(token_sum.detach()), stats.clip_fraction * tokens, stats.dropped_fraction * tokens,
+                             stats.mean_behav_weight * tokens, float(entropy_sum.detach())], dtype=torch.float64)
+
+    def _global_stats(self, rollouts: list[Rollout], step: int, sums: torch.Tensor, totals: list[int],
+                      norms: list[float]) -> StepStats:
+        """Sum the ranks' statistic sums (one all-reduce), divide by global token counts, average minibatches."""
+        sums = sums.to(self.device)
+        dist.all_reduce(sums)
+        means = (sums.cpu() / torch.tensor(totals, dtype=torch.float64)[:, None]).mean(0).tolist()
+        loss, clip_fraction, dropped_fraction, mean_behav_weight, entropy = means
+        lags = Counter(step - v for r in rollouts for v in r.versions)
+        return StepStats(
+            step=step, samples=len(rollouts), tokens=sum(len(r.tokens) for r in rollouts),
+            mean_reward=float(torch.tensor([r.reward for r in rollouts]).mean()), loss=loss,
+            clip_fraction=clip_fraction, dropped_fraction=dropped_fraction, mean_behav_weight=mean_behav_weight,
+            grad_norm=max(norms), entropy=entropy, lags=tuple(sorted(lags.items())))
+
+    def _check_same_batch(self, rollouts: list[Rollout]) -> None:
+        """Refuse, on every rank at once, a step whose ranks were handed different batches (or hold different
+        seeds, versions or configs).
+
+        Ranks that disagreed would silently train on a batch no one sent, or wait forever in a collective
+        that another rank never reaches; one all-reduce of (fingerprint, -fingerprint) under MAX gives
+        every rank the same max and min, so all of them raise together.
+        """
+        fp = step_fingerprint(rollouts, self.seed, self.version, self.config)
+        both = torch.tensor([fp, -fp], dtype=torch.int64, device=self.device)
+        dist.all_reduce(both, op=dist.ReduceOp.MAX)
+        if int(both[0]) != -int(both[1]):
+            raise ValueError(f"data-parallel rank {self.rank} of {self.world_size}: the ranks were handed "
+                             "different batches, or differ in seed, version or config; every rank must get the "
+                             "same global batch")
