@@ -161,9 +161,14 @@ class VllmEngine:
         return out
 
     # -- the runtime's sync group ----------------------------------------------------------------
+    @property
+    def sync_ranks(self) -> int:
+        """Ranks this engine takes in the sync group: one per vLLM worker."""
+        return int(self._engine.vllm_config.parallel_config.world_size)
+
     def join_sync(self, host: str, port: int, rank: int, world_size: int, dtype: str = "float32",
                   bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
-        """Every vLLM worker joins the trainer's sync group: worker i (tensor-parallel rank) as `rank + i`.
+        """Every vLLM worker joins the trainer's sync group: worker i as `rank + i` (`sync_ranks` of them).
 
         `dtype` is the trainer's (the layout both sides derive must match); blocks until all ranks join.
         """

@@ -51,9 +51,11 @@ class WeightSyncExtension:
 
     def rlfleet_join_sync(self, host: str, port: int, rank: int, world_size: int, dtype: str,
                           bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
-        """Join the trainer's sync group as `rank`; blocks until every rank has joined."""
+        """Join the trainer's sync group as `rank` + this worker's rank in vLLM (tensor-parallel workers
+        each receive the full weights: vLLM's loaders cut their shards); blocks until every rank joins."""
         template = hf_template(self.model_config.hf_config, getattr(torch, dtype))  # type: ignore[attr-defined]
-        self._rlfleet_receiver = WeightReceiver(SyncGroup(host, port, rank, world_size), template, bucket_bytes)
+        group = SyncGroup(host, port, rank + self.rank, world_size)  # type: ignore[attr-defined]
+        self._rlfleet_receiver = WeightReceiver(group, template, bucket_bytes)
 
     def rlfleet_receive(self) -> int:
         """Take part in one broadcast from the trainer; the weights wait in the receiver until applied."""

@@ -72,6 +72,7 @@ def drive(folder: Path, host: str, port: int, out: Path) -> None:
     engine = VllmEngine(folder, TOK.eos_id, max_batch=4, seed=1, dtype="float32", enforce_eager=True,
                         max_model_len=CONFIG.max_position_embeddings, kv_cache_memory_bytes=64 << 20,
                         distributed_executor_backend="mp")
+    assert engine.sync_ranks == 1
     engine.join_sync(host, port, rank=1, world_size=2)
     phases: dict[str, list[Completion]] = {"before": generate(engine, requests())}
     assert engine.receive_weights() == SYNCED
