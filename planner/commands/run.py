@@ -3,18 +3,27 @@
 By default engines and trainer are Ray actors placed by GPU type (runtime.ray_loop: a local Ray on
 loopback, or `--address` to join one) with weights broadcast over torch.distributed (gloo);
 `--local` interleaves them in one process instead (runtime.loop), which is quicker to start.
+
+With `--out DIR` a checkpoint is committed every `--checkpoint-every` steps (default 1: a crash
+redoes at most the step in progress); `--resume DIR` continues that run (a dead trainer's, or one
+stopped early, or one to extend with more `--steps`). A folder without a checkpoint, or with one of
+another plan, task or seed, is refused in one line (exit 2). A dead rollout engine is replaced
+without stopping the run; a dead trainer stops it with one line (exit 1) naming the checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 from typing import Any
 
 from planner.cli import emit, positive_int
-from traces import SpecError, load_plan
+from traces import Plan, SpecError, load_plan
 from traces.progress import bar
 
 TASKS = ("addition",)
+EXIT_RUN_FAILED = 1  # the run itself failed (a dead trainer); bad input exits 2
 
 
 def register(sub: Any) -> None:
@@ -23,7 +32,11 @@ def register(sub: Any) -> None:
     p.add_argument("--task", choices=TASKS, default="addition", help="verifiable task (default addition)")
     p.add_argument("--steps", type=positive_int, default=150, help="trainer steps (default 150)")
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    p.add_argument("--out", metavar="DIR", help="write metrics.jsonl, timeline.csv, checkpoint and model here")
+    p.add_argument("--out", metavar="DIR", help="write metrics.jsonl, timeline.csv, checkpoints and model here")
+    p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint "
+                   "(same plan, task and seed; --steps is the total, and may extend the run)")
+    p.add_argument("--checkpoint-every", type=positive_int, default=1, metavar="N",
+                   help="commit a checkpoint every N steps when writing a run folder (default 1)")
     p.add_argument("--address", help="join this Ray cluster (default: start a local one on loopback)")
     p.add_argument("--local", action="store_true", help="run engines and trainer in this process, no Ray")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -36,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         import transformers
 
         from runtime.loop import run_toy
-        from runtime.ray_loop import run_toy_ray
+        from runtime.ray_loop import TrainerLost, run_toy_ray
     except ImportError as exc:
         raise SpecError(f"rlfleet run needs the runtime extra ({exc.name} is missing): pip install -e '.[runtime]'"
                         ) from None
@@ -50,26 +63,38 @@ def run(args: argparse.Namespace) -> int:
     transformers.utils.logging.disable_progress_bar()
     if args.local and args.address:
         raise SpecError("--local runs without Ray; drop --address or --local")
+    out = _run_folder(args)
     with bar(args.steps, "training", unit="step") as progress:
-        common = {"engines": engines, "staleness": plan.staleness, "seed": args.seed, "out_dir": args.out,
-                  "progress": lambda _row: progress.update()}
-        if args.local:
-            result = run_toy(args.steps, **common)
-        else:
-            import ray
+        common = {"engines": engines, "staleness": plan.staleness, "seed": args.seed, "out_dir": out,
+                  "progress": lambda _row: progress.update(), "checkpoint_every": args.checkpoint_every,
+                  "resume": args.resume is not None, "identity": {"plan": plan_shape(plan)}}
+        try:
+            if args.local:
+                result = run_toy(args.steps, **common)
+            else:
+                import ray
 
-            try:
-                result = run_toy_ray(args.steps, address=args.address, **common)
-            finally:
-                ray.shutdown()
+                try:
+                    result = run_toy_ray(args.steps, address=args.address, **common)
+                finally:
+                    ray.shutdown()
+        except TrainerLost as exc:
+            sys.stderr.write(f"rlfleet: error: {exc}\n")
+            return EXIT_RUN_FAILED
     summary = {"steps": result.steps, "engines": engines, "staleness_bound": plan.staleness,
                "eval_before": result.eval_before, "eval_after": result.eval_after, "chance": result.chance,
                "max_staleness": result.max_staleness, "samples_per_s": result.samples_per_s,
                "seconds": result.seconds, "out": str(result.out_dir) if result.out_dir else None,
-               "executor": "local" if args.local else "ray"}
+               "executor": "local" if args.local else "ray", "version": result.version,
+               "resumed_from": result.first_step if args.resume else None,
+               "engine_restarts": result.engine_restarts, "samples_regenerated": len(result.requeued_sids),
+               "duplicates_dropped": result.duplicates}
     emit(summary, args.json, [
         f"{args.task}: {result.steps} steps, {engines} engines, staleness bound {plan.staleness}, "
-        + ("in one process" if args.local else "on Ray"),
+        + ("in one process" if args.local else "on Ray")
+        + (f", resumed from step {result.first_step}" if args.resume else ""),
+        *([f"  faults    {result.engine_restarts} engine restarts, {len(result.requeued_sids)} samples "
+           "re-generated, 0 lost"] if result.engine_restarts else []),
         f"  reward    {result.eval_before:.3f} -> {result.eval_after:.3f} (chance {result.chance:.3f}, "
         f"{result.eval_after / result.chance:.1f}x)",
         f"  staleness max {result.max_staleness} (bound {plan.staleness})",
@@ -77,3 +102,21 @@ def run(args: argparse.Namespace) -> int:
         *([f"  records -> {result.out_dir}"] if result.out_dir else []),
     ])
     return 0
+
+
+def _run_folder(args: argparse.Namespace) -> str | None:
+    """--resume DIR writes on in DIR; an --out elsewhere would split the run's records in two."""
+    if args.resume is None:
+        return args.out
+    if args.out is not None and Path(args.out).resolve() != Path(args.resume).resolve():
+        raise SpecError("--resume DIR continues the run in DIR; drop --out (or give the same folder)")
+    return args.resume
+
+
+def plan_shape(plan: Plan) -> str:
+    """What of a plan a resumed run must share with its checkpoint: the groups, mode and bound
+    (not its name fields or predictions)."""
+    t = plan.trainer
+    rollout = ", ".join(f"{g.instances}x {g.gpu_type} tp{g.tp}" for g in plan.rollout)
+    return (f"{plan.mode} eta={plan.staleness}; rollout {rollout}; "
+            f"trainer {t.gpu_type} dp{t.dp} tp{t.tp} pp{t.pp}")
