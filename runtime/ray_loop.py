@@ -146,6 +146,25 @@ class EngineWorker:
         return ray.get_runtime_context().get_node_id()
 
 
+def listening_store(host: str, world_size: int, timeout_s: float) -> Any:
+    """Rank 0's TCP store listening on `host` only, on a free port.
+
+    torch's TCPStore binds every interface whatever host it is given (pytorch issue 173909); a socket
+    bound here and handed over (`master_listen_fd`) keeps it on the node's Ray address (127.0.0.1
+    in tests and local runs)."""
+    import datetime
+    import socket
+
+    import torch.distributed as dist
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, 0), family=family)
+    port = sock.getsockname()[1]
+    # detach: the store owns the descriptor from now on, Python must never close it under it
+    return dist.TCPStore(host, port, world_size, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=sock.detach())
+
+
 class TrainerWorker:
     """The `Trainer` (rank 0) in its own process; rank 0 of the sync group, whose store it hosts."""
 
@@ -166,7 +185,7 @@ class TrainerWorker:
 
         self._sender = None  # the old group, if any, is dropped
         host = ray.util.get_node_ip_address()
-        self._store = SyncGroup.host_store(host, world_size, timeout_s)
+        self._store = listening_store(host, world_size, timeout_s)
         self._world = world_size
         return host, int(self._store.port)
 

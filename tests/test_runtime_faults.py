@@ -115,6 +115,29 @@ def test_controller_snapshot_continues_the_prompt_stream_and_reroutes_what_was_i
     assert new and new == drain(e4) and min(sid for sid, _ in new) == 16
 
 
+def _listeners(port: int) -> set[str]:
+    """Local addresses listening on `port` (Linux /proc/net/tcp{,6}: hex address:port, state 0A)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        path = Path(table)
+        lines = path.read_text().splitlines()[1:] if path.exists() else []
+        for fields in (line.split() for line in lines):
+            address, hex_port = fields[1].split(":")
+            if fields[3] == "0A" and int(hex_port, 16) == port:
+                found.add(address)
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux's socket table")
+def test_the_weight_sync_store_listens_on_the_given_address_only() -> None:
+    """torch's TCPStore alone would listen on every interface; the trainer's store stays on its node's
+    Ray address, loopback in tests and local runs."""
+    from runtime.ray_loop import listening_store
+
+    store = listening_store("127.0.0.1", 1, 5.0)
+    assert _listeners(int(store.port)) == {"0100007F"}  # 127.0.0.1, not 00000000 (0.0.0.0) nor ::
+
+
 # -- on Ray -----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[None]:
