@@ -279,7 +279,6 @@ class Controller:
         for b in state["buffer"]:
             item = _Trainable(tuple(b["sids"]), [_rollout(r) for r in b["rollouts"]])
             ctl.buffer.setdefault(b["start_version"], []).append(Admitted(b["start_version"], b["uid"], item))
-        self._pending.update(r.sid for r in self._retry)
         self.duplicates = int(state.get("duplicates", 0))
         self.committed = self._checkpointed = ctl.version
         self.recorder = recorder

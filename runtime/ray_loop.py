@@ -289,11 +289,11 @@ class _Joining:
 
 class _Committer:
     """Commits checkpoints off the driver's path, one at a time. The trainer saves in its own process
-    (queued before its next step, so the file holds exactly this version); the driver's part, records
-    and commit record with four fsyncs (~40-80 ms a step on this machine), runs in this thread while
-    the engines keep generating. A new checkpoint first waits for the previous one: commits lag by at
-    most one, and since the trainer saves before it trains again, a trainer that dies mid-step still
-    leaves the checkpoint before that step committed."""
+    (queued before its next step, so the file holds exactly this version, and the driver sends that
+    step only once the file is written); the driver's part, records and commit record with four
+    fsyncs (~40-80 ms a step on this machine), runs in this thread while the engines keep
+    generating. A new checkpoint first waits for the previous one, and a failing run lets the one in
+    progress land: a trainer that dies mid-step leaves the checkpoint before that step committed."""
 
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
@@ -350,6 +350,7 @@ class RayLoop:
     _regroup: bool = field(default=False, init=False)
     _fired: set[str] = field(default_factory=set, init=False)
     _committer: _Committer = field(default_factory=_Committer, init=False)
+    _saving: Any = field(default=None, init=False)  # the trainer's checkpoint save in progress
 
     def actors(self) -> list[Any]:
         return [self.trainer, *(e.actor for e in self.engines), *(j.handle.actor for j in self._joining)]
@@ -379,7 +380,7 @@ class RayLoop:
             moved = control.route(self.engines)
             busy = [e for e in self.engines if not e.idle()]
             moved = self._step_engines(busy) or moved
-            if training is None and control.ready():
+            if training is None and control.ready() and self._saved(block=not busy):
                 training = self.trainer.train_step.remote(control.take())
                 self._fire("kill_trainer", self.faults.kill_trainer == control.version, self.trainer)
                 moved = True
@@ -428,7 +429,7 @@ class RayLoop:
     def _checkpoint(self) -> None:
         """Checkpoint the current version: the trainer's save is queued now, the commit follows in the background."""
         path = self.control.trainer_file()
-        saved = self.trainer.save_checkpoint.remote(str(path))
+        saved = self._saving = self.trainer.save_checkpoint.remote(str(path))
         commit = self.control.prepare_commit(path)
 
         def work() -> None:
@@ -436,6 +437,15 @@ class RayLoop:
             commit()
 
         self._committer.submit(work)
+
+    def _saved(self, block: bool) -> bool:
+        """The trainer's last checkpoint file is written. The next step waits for it: a trainer that
+        dies in a step must leave the checkpoint of the step before, so only that step is redone."""
+        import ray
+
+        if self._saving is not None and ray.wait([self._saving], timeout=None if block else 0)[0]:
+            self._saving = None  # its outcome (a dead trainer) is the commit thread's to report
+        return self._saving is None
 
     # -- weight sync, with the group rebuilt around faults ------------------------------------------
     def _sync(self) -> tuple[int, float, float]:
