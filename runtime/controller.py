@@ -8,12 +8,22 @@ whatever runs the engines. It needs from an engine only the routing view below (
 Routing is AReaL's: whole GRPO groups are admitted (a group's advantages need all its samples) while
 the capacity rule (traces.staleness) allows, each sample to the accepting engine with the fewest
 requests. A step trains the staleness-safe selection of the oldest completed groups.
+
+Faults: every routed sample id stays pending until its completion arrives. Samples that were on an
+engine that died are handed back (`requeue`) and routed again ahead of new groups; their group keeps
+its admission version, so the capacity rule and the staleness-safe selection hold unchanged (a
+regenerated sample's tokens are only fresher). A completion that is not pending (a duplicate) is
+dropped and counted, and a group becomes trainable only with each of its sample ids exactly once,
+so no sample is trained twice. `snapshot`/`restore` carry all of this, the prompt stream's RNG and
+the records' position across a trainer restart (`checkpoint`, runtime.records).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,11 +31,11 @@ from typing import Any, Protocol
 
 from runtime.engine import Completion, Interval, Request
 from runtime.model import CharTokenizer
-from runtime.records import RunRecorder
+from runtime.records import RunRecorder, commit_checkpoint, trainer_checkpoint_path
 from runtime.task import AdditionTask
 from runtime.trainer import Rollout, StepStats
 from traces.records import length_histogram
-from traces.staleness import CapacityController
+from traces.staleness import Admitted, CapacityController
 
 
 @dataclass(frozen=True)
@@ -34,7 +44,7 @@ class LoopConfig:
     prompts_per_step: int = 16  # GRPO groups per step; the capacity rule counts groups
     group_size: int = 16
     staleness: int = 2  # eta
-    checkpoint_every: int = 0  # steps; 0 = only at the end (when out_dir is given)
+    checkpoint_every: int = 0  # steps; 0 = only at the end (when out_dir is given); 1: a crash redoes one step
     max_idle_ticks: int = 1000  # a tick where nothing can move is a bug; stop rather than spin
 
 
@@ -57,19 +67,38 @@ class _Group:
     done: list[Completion] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class _Trainable:
+    """A completed group in the capacity controller's buffer: its rollouts and the sample ids behind them."""
+
+    sids: tuple[int, ...]
+    rollouts: list[Rollout]
+
+
 class Controller:
     def __init__(self, task: AdditionTask, tokenizer: CharTokenizer, config: LoopConfig, seed: int = 0,
                  out_dir: Path | None = None, clock: Callable[[], float] = time.perf_counter,
-                 progress: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 progress: Callable[[dict[str, Any]], None] | None = None,
+                 identity: dict[str, Any] | None = None) -> None:
         self.task, self.tokenizer, self.config = task, tokenizer, config
         self.rng = random.Random(seed)
-        self.ctl: CapacityController[list[Rollout]] = CapacityController(config.prompts_per_step, config.staleness)
+        self.ctl: CapacityController[_Trainable] = CapacityController(config.prompts_per_step, config.staleness)
         self.clock = clock
         self.progress = progress  # called with each step's metrics row, e.g. to print it
         self.out_dir = out_dir
+        self.identity = identity or {}  # what a checkpoint must match to be resumed by this run
         self.recorder = RunRecorder(out_dir, clock())
         self.groups: dict[int, _Group] = {}
         self.history: list[StepStats] = []
+        self.first_step = 0  # the version this controller started at (a resumed run's checkpoint)
+        self.committed: int | None = None  # version of the last checkpoint committed (written and renamed)
+        self._checkpointed: int | None = None  # version of the last checkpoint begun
+        self._pending: set[int] = set()  # routed sample ids whose completion has not arrived
+        self._retry: deque[Request] = deque()  # pending samples to route again (their engine died)
+        self.trained_sids: list[int] = []  # every sample id handed to the trainer, in order
+        self.requeued_sids: list[int] = []
+        self.duplicates = 0  # completions dropped because their sample id was not pending
+        self._taken: list[int] = []  # group uids of the batch in training
         self._last_step_end = self.recorder.origin
         self._lengths: dict[str, dict[str, int]] = {}
 
@@ -83,37 +112,62 @@ class Controller:
         return self.ctl.version >= self.config.steps
 
     def route(self, engines: Sequence[Routable]) -> bool:
-        """Admit whole groups while the capacity rule and the accepting engines' free slots allow."""
+        """Route samples to re-generate first, then admit whole groups while the capacity rule and the
+        accepting engines' free slots allow."""
         n = self.config.group_size
         version = self.ctl.version
         open_engines = [e for e in engines if e.accepting(version)]
         loads = {e.name: e.load() for e in open_engines}
+
+        def place(request: Request) -> None:
+            target = min((e for e in open_engines if loads[e.name] < e.capacity()), key=lambda e: loads[e.name])
+            target.submit([request])
+            loads[target.name] += 1
+            self._pending.add(request.sid)
+
         routed = False
+        while self._retry and any(loads[e.name] < e.capacity() for e in open_engines):
+            place(self._retry.popleft())
+            routed = True
         while self.ctl.allowance() > 0 and sum(e.capacity() - loads[e.name] for e in open_engines) >= n:
             uid, start = self.ctl.admit()
             prompt = self.task.sample(self.rng)
             self.groups[uid] = _Group(uid, start, prompt)
             ids = tuple(self.tokenizer.encode(prompt))
             for j in range(n):
-                target = min((e for e in open_engines if loads[e.name] < e.capacity()), key=lambda e: loads[e.name])
-                target.submit([Request(uid * n + j, ids, self.task.max_new_tokens)])
-                loads[target.name] += 1
+                place(Request(uid * n + j, ids, self.task.max_new_tokens))
             routed = True
         return routed
 
+    def requeue(self, requests: Sequence[Request]) -> None:
+        """Samples lost with their engine: route them again (ahead of new groups, oldest group first)."""
+        lost = sorted((r for r in requests if r.sid in self._pending), key=lambda r: r.sid)
+        self._pending.difference_update(r.sid for r in lost)
+        self._retry.extend(lost)
+        self.requeued_sids.extend(r.sid for r in lost)
+
     def complete(self, c: Completion) -> None:
         """One sample finished; a group whose samples are all in becomes trainable (rewards computed here)."""
+        if c.sid not in self._pending:  # re-generated elsewhere already, or never routed: never train it twice
+            self.duplicates += 1
+            return
+        self._pending.discard(c.sid)
         group = self.groups[c.sid // self.config.group_size]
         group.done.append(c)
         if len(group.done) < self.config.group_size:
             return
         del self.groups[group.uid]
+        done = sorted(group.done, key=lambda c: c.sid)  # completion order varies; keep batches reproducible
+        sids = tuple(c.sid for c in done)
+        n = self.config.group_size
+        if sids != tuple(range(group.uid * n, (group.uid + 1) * n)):  # guards the pending bookkeeping above
+            raise RuntimeError(f"group {group.uid} completed with sample ids {sids}: one missing or twice")
         rollouts = [
             Rollout(c.prompt, c.tokens, c.logprobs, c.versions,
                     self.task.reward(group.prompt, self.tokenizer.decode(c.tokens), c.finished), group.uid)
-            for c in sorted(group.done, key=lambda c: c.sid)  # completion order varies; keep batches reproducible
+            for c in done
         ]
-        self.ctl.complete(group.uid, group.start_version, rollouts)
+        self.ctl.complete(group.uid, group.start_version, _Trainable(sids, rollouts))
 
     def engine_intervals(self, name: str, intervals: Sequence[Interval]) -> None:
         for iv in intervals:
@@ -124,7 +178,11 @@ class Controller:
         return not self.done and self.ctl.ready(self.ctl.version)
 
     def take(self) -> list[Rollout]:
-        batch = [r for unit in self.ctl.take() for r in unit.item]
+        units = self.ctl.take()
+        self._taken = [unit.uid for unit in units]
+        for unit in units:
+            self.trained_sids.extend(unit.item.sids)
+        batch = [r for unit in units for r in unit.item.rollouts]
         # the batch's length mix, recorded with its step: what a simulation of this run must assume
         self._lengths = {"prompt_lengths": length_histogram([len(r.prompt) for r in batch]),
                          "response_lengths": length_histogram([len(r.tokens) for r in batch])}
@@ -149,6 +207,7 @@ class Controller:
             "mean_behav_weight": round(stats.mean_behav_weight, 6), "grad_norm": round(stats.grad_norm, 6),
             "entropy": round(stats.entropy, 6),
             "staleness_tokens": dict(stats.lags),
+            "groups": self._taken,  # GRPO group uids trained (samples uid * group_size + 0..n-1)
             **self._lengths,
         }
         self.recorder.metric(row)
@@ -160,3 +219,99 @@ class Controller:
     def checkpoint_due(self, version: int) -> bool:
         every = self.config.checkpoint_every
         return self.out_dir is not None and bool(every) and version % every == 0
+
+    def checkpoint(self, save_trainer: Callable[[Path], None]) -> None:
+        """Commit a checkpoint at the current version (runtime.records): the trainer's file, the records,
+        then the commit record with this controller's state. Call between steps, with the trainer idle."""
+        path = self.trainer_file()
+        save_trainer(path)
+        self.prepare_commit(path)()
+
+    def trainer_file(self) -> Path:
+        assert self.out_dir is not None, "checkpoints need an out_dir"
+        return trainer_checkpoint_path(self.out_dir, self.version)
+
+    def prepare_commit(self, trainer_file: Path) -> Callable[[], None]:
+        """Capture the state now (between steps); the returned call writes the records and the commit
+        record, and may run later, in another thread, once the trainer's file is written."""
+        assert self.out_dir is not None, "checkpoints need an out_dir"
+        out, version = self.out_dir, self.version
+        record = {"version": version, "trainer": str(trainer_file.relative_to(out)), "identity": self.identity,
+                  "controller": self.snapshot(), "records": self.recorder.position()}
+        records = self.recorder.copy()
+        self._checkpointed = version
+
+        def commit() -> None:
+            records.flush()
+            commit_checkpoint(out, record)
+            self.committed = version
+
+        return commit
+
+    def final_checkpoint_due(self) -> bool:
+        """At the end of a run with an out_dir: the last version needs a checkpoint unless a periodic one took it."""
+        return self.out_dir is not None and self._checkpointed != self.version
+
+    # -- state across a restart -----------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """JSON-able state: the prompt stream, admissions, groups in flight (with the samples already in)
+        and completed groups not yet trained. Samples still on engines are not in it: a restore
+        re-generates every sample of an unfinished group that had not completed."""
+        return {
+            "version": self.ctl.version, "admitted": self.ctl.admitted, "rng": _jsonable(self.rng.getstate()),
+            "groups": [{"uid": g.uid, "start_version": g.start_version, "prompt": g.prompt,
+                        "done": [_fields(c) for c in g.done]} for g in self.groups.values()],
+            "buffer": [{"uid": a.uid, "start_version": a.start_version, "sids": list(a.item.sids),
+                        "rollouts": [_fields(r) for r in a.item.rollouts]}
+                       for units in self.ctl.buffer.values() for a in units],
+            "trained_samples": len(self.trained_sids), "requeued": len(self.requeued_sids),
+            "duplicates": self.duplicates,
+        }
+
+    def restore(self, state: dict[str, Any], recorder: RunRecorder) -> None:
+        """Continue from `snapshot()`'s state and the records as of it; unfinished samples are re-routed."""
+        self.rng.setstate(_tuples(state["rng"]))
+        ctl = self.ctl
+        ctl.version, ctl.admitted = int(state["version"]), int(state["admitted"])
+        self.first_step = ctl.version
+        n = self.config.group_size
+        for g in state["groups"]:
+            group = _Group(g["uid"], g["start_version"], g["prompt"], [_completion(c) for c in g["done"]])
+            self.groups[group.uid] = group
+            ctl.in_flight[group.start_version] += 1
+            have = {c.sid for c in group.done}
+            ids = tuple(self.tokenizer.encode(group.prompt))
+            self._retry.extend(Request(sid, ids, self.task.max_new_tokens)
+                               for sid in range(group.uid * n, (group.uid + 1) * n) if sid not in have)
+        for b in state["buffer"]:
+            item = _Trainable(tuple(b["sids"]), [_rollout(r) for r in b["rollouts"]])
+            ctl.buffer.setdefault(b["start_version"], []).append(Admitted(b["start_version"], b["uid"], item))
+        self.duplicates = int(state.get("duplicates", 0))
+        self.committed = self._checkpointed = ctl.version
+        self.recorder = recorder
+        self._last_step_end = self.clock()
+
+
+def _fields(record: Completion | Rollout) -> dict[str, Any]:
+    """A flat dataclass's fields (tuples stay tuples until JSON): dataclasses.asdict deep-copies every
+    tuple, ~10x slower, and a checkpoint every step snapshots hundreds of samples on the driver's path."""
+    return {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+
+
+def _jsonable(value: Any) -> Any:
+    return [_jsonable(v) for v in value] if isinstance(value, tuple | list) else value
+
+
+def _tuples(value: Any) -> Any:
+    """random.Random.setstate wants tuples where JSON gave lists."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def _completion(d: dict[str, Any]) -> Completion:
+    return Completion(d["sid"], tuple(d["prompt"]), tuple(d["tokens"]), tuple(d["logprobs"]), tuple(d["versions"]),
+                      bool(d["finished"]))
+
+
+def _rollout(d: dict[str, Any]) -> Rollout:
+    return Rollout(tuple(d["prompt"]), tuple(d["tokens"]), tuple(d["logprobs"]), tuple(d["versions"]),
+                   float(d["reward"]), int(d["group"]))

@@ -25,11 +25,13 @@ from transformers import PreTrainedModel
 from runtime.controller import Controller, LoopConfig
 from runtime.engine import Request, RolloutEngine, TorchEngine, generate
 from runtime.model import CharTokenizer, build_model, save_model, tiny_llama_config
-from runtime.records import RunRecorder
+from runtime.records import RunRecorder, read_checkpoint
 from runtime.task import AdditionTask
 from runtime.trainer import StepStats, TrainConfig, Trainer
+from traces.errors import SpecError
 
-__all__ = ["AsyncLoop", "LoopConfig", "RunResult", "evaluate", "run_toy", "summarize"]
+__all__ = ["AsyncLoop", "LoopConfig", "RunResult", "evaluate", "resume_record", "run_identity", "run_toy",
+           "summarize"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,13 @@ class RunResult:
     samples: int  # trained
     seconds: float
     out_dir: Path | None
+    first_step: int = 0  # > 0: resumed from the checkpoint of this step; `rewards` etc. cover this process
+    version: int = 0  # the trainer's final policy version
+    optimizer_steps: int = 0  # Adam's step counter at the end (a resume that lost the optimizer restarts it)
+    trained_sids: tuple[int, ...] = ()  # sample ids trained by this process, in order
+    requeued_sids: tuple[int, ...] = ()  # samples re-generated because their engine died
+    duplicates: int = 0  # completions dropped as already in (0 unless an engine was wrongly declared dead)
+    engine_restarts: int = 0
 
     @property
     def chance(self) -> float:
@@ -64,9 +73,10 @@ class AsyncLoop:
     def __init__(self, task: AdditionTask, tokenizer: CharTokenizer, engines: list[RolloutEngine], trainer: Trainer,
                  config: LoopConfig, seed: int = 0, out_dir: Path | None = None,
                  clock: Callable[[], float] = time.perf_counter,
-                 progress: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 progress: Callable[[dict[str, Any]], None] | None = None,
+                 identity: dict[str, Any] | None = None) -> None:
         self.engines, self.trainer, self.config = engines, trainer, config
-        self.control = Controller(task, tokenizer, config, seed, out_dir, clock, progress)
+        self.control = Controller(task, tokenizer, config, seed, out_dir, clock, progress, identity)
         self.clock = clock
         self.out_dir = out_dir
 
@@ -90,8 +100,8 @@ class AsyncLoop:
             idle = 0 if moved or not all(e.idle() for e in self.engines) else idle + 1
             if idle > self.config.max_idle_ticks:
                 raise RuntimeError("async loop stalled: no allowance, no engine work, no ready batch")
-        if self.out_dir is not None:
-            self.trainer.save_checkpoint(self.out_dir / "checkpoint.pt")
+        if control.final_checkpoint_due():
+            control.checkpoint(self.trainer.save_checkpoint)
         self.recorder.flush()
         return control.history
 
@@ -104,9 +114,7 @@ class AsyncLoop:
             engine.load_weights(weights, version)
         self.control.stepped(stats, self.trainer.last_intervals, (t0, self.clock()), version)
         if self.control.checkpoint_due(version):
-            assert self.out_dir is not None
-            self.trainer.save_checkpoint(self.out_dir / "checkpoint.pt")
-            self.recorder.flush()
+            self.control.checkpoint(self.trainer.save_checkpoint)
 
 
 def evaluate(model: PreTrainedModel, task: AdditionTask, tokenizer: CharTokenizer, samples_per_prompt: int = 16,
@@ -127,10 +135,33 @@ def evaluate(model: PreTrainedModel, task: AdditionTask, tokenizer: CharTokenize
     return total / samples_per_prompt
 
 
+def run_identity(task: AdditionTask, engines: int, staleness: int, seed: int, prompts_per_step: int,
+                 group_size: int, hidden: int, layers: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a checkpoint must match to be resumed: the task, the plan's shape, the model and the seed
+    (the steps may grow: a resumed run can be extended; the LR schedule stays the checkpoint's)."""
+    return {"task": f"addition(max_operand={task.max_operand})", "engines": engines, "staleness": staleness,
+            "seed": seed, "prompts_per_step": prompts_per_step, "group_size": group_size,
+            "model": f"tiny-llama(hidden={hidden}, layers={layers})", **(extra or {})}
+
+
+def resume_record(out: Path | None, resume: bool, identity: dict[str, Any], steps: int) -> dict[str, Any] | None:
+    """The checkpoint to continue (SpecError: none, another run's, or already at `steps`), or None."""
+    if not resume:
+        return None
+    if out is None:
+        raise SpecError("resuming needs the run folder (out_dir)")
+    record = read_checkpoint(out, identity)
+    if int(record["version"]) >= steps:
+        raise SpecError(f"{out}: the checkpoint is at step {record['version']} already; ask for more than "
+                        f"{record['version']} steps to continue it")
+    return record
+
+
 def run_toy(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0, out_dir: str | Path | None = None,
             prompts_per_step: int = 16, group_size: int = 16, train: TrainConfig | None = None,
             interruptible: bool = True, max_batch: int = 256, task: AdditionTask | None = None, hidden: int = 64,
-            layers: int = 2, progress: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
+            layers: int = 2, progress: Callable[[dict[str, Any]], None] | None = None,
+            checkpoint_every: int = 0, resume: bool = False, identity: dict[str, Any] | None = None) -> RunResult:
     """Train the tiny Llama on digit addition with async GRPO: one trainer, `engines` torch engines.
 
     Defaults are the measured ones that learn on two CPU cores in well under a minute: operands 0..4
@@ -139,38 +170,53 @@ def run_toy(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0, out
     16 prompts x 16 samples per step (bigger groups find a rewarded answer more often), Adam at 1e-3
     (2e-3 learns faster, then collapses) decaying linearly to 1e-4 by the last step (at a constant
     rate the policy keeps flipping answers late in the run), and a small entropy bonus.
+
+    `resume`: continue the run in `out_dir` from its last checkpoint (runtime.records).
     """
     out = Path(out_dir) if out_dir is not None else None
     task, tokenizer = task or AdditionTask(max_operand=4), CharTokenizer()
+    ident = run_identity(task, engines, staleness, seed, prompts_per_step, group_size, hidden, layers, identity)
+    record = resume_record(out, resume, ident, steps)
     train = train or TrainConfig(entropy_coef=0.01, decay_steps=steps)
     model = build_model(tiny_llama_config(tokenizer, hidden=hidden, layers=layers, intermediate=4 * hidden), seed=seed)
-    if out is not None:
+    if out is not None and record is None:
         save_model(model, tokenizer, out / "initial_model")  # the HF folder a vLLM engine would load
     before = evaluate(model, task, tokenizer)
-    pool: list[RolloutEngine] = [
-        TorchEngine(model, tokenizer.eos_id, tokenizer.pad_id, name=f"engine{i}", max_batch=max_batch,
-                    seed=seed * 1000 + i + 1, interruptible=interruptible)
-        for i in range(engines)
-    ]
+    clock = time.time  # wall clock, not perf_counter: a resumed run's records continue another process's
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        trainer = Trainer(model, tokenizer.pad_id, train, seed=seed)
+        trainer = Trainer(model, tokenizer.pad_id, train, seed=seed, clock=clock)
+        if record is not None:
+            assert out is not None
+            trainer.load_checkpoint(out / record["trainer"])
+        pool: list[RolloutEngine] = [  # a resumed run's engines start from the checkpoint's weights
+            TorchEngine(trainer.model, tokenizer.eos_id, tokenizer.pad_id, name=f"engine{i}", max_batch=max_batch,
+                        seed=seed * 1000 + i + 1, interruptible=interruptible, version=trainer.version, clock=clock)
+            for i in range(engines)
+        ]
         loop = AsyncLoop(task, tokenizer, pool, trainer,
-                         LoopConfig(steps, prompts_per_step, group_size, staleness), seed=seed, out_dir=out,
-                         progress=progress)
-        history = loop.run()
-    seconds = loop.clock() - loop.recorder.origin
+                         LoopConfig(steps, prompts_per_step, group_size, staleness, checkpoint_every), seed=seed,
+                         out_dir=out, clock=clock, progress=progress, identity=ident)
+        if record is not None:
+            assert out is not None
+            loop.control.restore(record["controller"], RunRecorder.resume(out, record["records"]))
+        t0 = clock()
+        loop.run()
+    seconds = clock() - t0
     after = evaluate(trainer.model, task, tokenizer)
-    return summarize(history, before, after, task, seconds, out)
+    return summarize(loop.control, before, after, task, seconds, out, trainer.version, trainer.optimizer_steps())
 
 
-def summarize(history: list[StepStats], before: float, after: float, task: AdditionTask, seconds: float,
-              out: Path | None) -> RunResult:
+def summarize(control: Controller, before: float, after: float, task: AdditionTask, seconds: float,
+              out: Path | None, version: int, optimizer_steps: int, engine_restarts: int = 0) -> RunResult:
+    history = control.history
     lags: Counter[int] = Counter()
     for s in history:
         lags.update(dict(s.lags))
     return RunResult(
-        steps=len(history), rewards=tuple(s.mean_reward for s in history), eval_before=before, eval_after=after,
-        uniform_chance=task.uniform_chance, staleness_tokens=tuple(sorted(lags.items())),
-        samples=sum(s.samples for s in history), seconds=seconds, out_dir=out,
+        steps=control.first_step + len(history), rewards=tuple(s.mean_reward for s in history), eval_before=before,
+        eval_after=after, uniform_chance=task.uniform_chance, staleness_tokens=tuple(sorted(lags.items())),
+        samples=sum(s.samples for s in history), seconds=seconds, out_dir=out, first_step=control.first_step,
+        version=version, optimizer_steps=optimizer_steps, trained_sids=tuple(control.trained_sids),
+        requeued_sids=tuple(control.requeued_sids), duplicates=control.duplicates, engine_restarts=engine_restarts,
     )

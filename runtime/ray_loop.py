@@ -16,14 +16,27 @@ selection count versions the engines have received.
 
 Times in the timeline come from `time.time()` in every process: perf_counter origins differ
 between processes, the wall clock is shared (on a cluster, as well as the nodes' clocks agree).
+
+Faults. A dead actor surfaces as `ray.exceptions.RayActorError` from `ray.get`.
+- An engine that dies: its samples in flight go back to the controller to be generated again
+  (runtime.controller: none lost, none trained twice, the staleness bound unchanged), and a new
+  actor starts on the same placement-group bundle. The gloo sync group has a fixed world size and
+  a dead rank breaks it (the sender fails at once, the other receivers wait out the group's
+  timeout), so the group is rebuilt, on a new store and port, before the next broadcast: with the
+  survivors alone, and again when the new engine is up (it gets the current weights then, and
+  takes work once it holds the current version). Survivors skip a broadcast of a version they hold.
+- The trainer that dies: the run stops with `TrainerLost`, naming the last committed checkpoint;
+  `rlfleet run PLAN --resume DIR` continues from it (runtime.records, Controller.restore).
+`Faults` injects either for tests and drills: real `ray.kill`s at set points of the loop.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +45,10 @@ from transformers import PreTrainedModel
 
 from runtime.controller import Controller, LoopConfig
 from runtime.engine import Completion, Interval, Request, TorchEngine
-from runtime.loop import RunResult, evaluate, summarize
+from runtime.loop import RunResult, evaluate, resume_record, run_identity, summarize
 from runtime.model import CharTokenizer, build_model, load_model, save_model, tiny_llama_config
 from runtime.placement import TYPE_RESOURCE, Group, place
+from runtime.records import RunRecorder
 from runtime.sync import DEFAULT_BUCKET_BYTES, SyncGroup, WeightReceiver, WeightSender
 from runtime.task import AdditionTask
 from runtime.trainer import Rollout, StepStats, TrainConfig, Trainer
@@ -42,6 +56,29 @@ from traces import Plan, RolloutGroup, TrainerGroup
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray takes 127.0.0.1 as the node address
 TOY_GPU_TYPE = "CPU"  # the toy plan's type label; on CPU only a custom resource on the local node
+# how long a sync rank waits for the others (a rendezvous, a broadcast): it bounds the stall when a rank
+# dies mid-broadcast, and must exceed the slowest real broadcast (large models on slow links)
+SYNC_TIMEOUT_S = 300.0
+MAX_ENGINE_RESTARTS = 8  # per run: an engine that keeps dying is a bug or a bad node, not bad luck
+SYNC_ATTEMPTS = 3  # rebuild-and-broadcast tries before the run gives up
+
+
+class TrainerLost(RuntimeError):
+    """The trainer actor died; the run can continue from its last checkpoint with `--resume`."""
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Real faults injected at set points of the loop, for tests and drills (`ray.kill`, no restart).
+
+    Each fires once. Steps count synced versions: `kill_engine=(0, 3)` kills engine 0 as soon as
+    version 3 is on the engines; `kill_trainer=3` kills the trainer while it trains step 3 (which
+    would make version 4).
+    """
+
+    kill_engine: tuple[int, int] | None = None  # (engine index, version)
+    kill_engine_in_sync: tuple[int, int] | None = None  # (engine index, version): just before it is broadcast
+    kill_trainer: int | None = None  # step
 
 
 @dataclass(frozen=True)
@@ -70,16 +107,22 @@ class EngineWorker:
         self._receiver: WeightReceiver | None = None
 
     def join_sync(self, host: str, port: int, rank: int, world_size: int,
-                  bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
-        group = SyncGroup(host, port, rank, world_size)
+                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = SYNC_TIMEOUT_S) -> None:
+        """Join a (new) sync group; a previous group, broken by a dead rank, is dropped."""
+        self._receiver = None
+        group = SyncGroup(host, port, rank, world_size, timeout_s=timeout_s)
         self._receiver = WeightReceiver(group, self.engine.model.state_dict(), bucket_bytes)
 
     def receive_weights(self) -> EngineStatus:
-        """Take part in one weight broadcast; the weights apply at the engine's next iteration boundary."""
+        """Take part in one weight broadcast; the weights apply at the engine's next iteration boundary.
+
+        A version already held is not loaded again: after a fault the group re-broadcasts the current
+        version for a new engine, and reloading would make the others re-prefill for nothing."""
         assert self._receiver is not None, "join_sync first"
         state, version = self._receiver.receive()
-        self.engine.load_weights(state, version)  # copies them: the receiver overwrites its tensors next time
-        self._received = version
+        if version != self._received:
+            self.engine.load_weights(state, version)  # copies them: the receiver overwrites its tensors next time
+            self._received = version
         return self.status()
 
     def step(self, requests: Sequence[Request]) -> tuple[list[Completion], list[Interval], EngineStatus]:
@@ -103,6 +146,25 @@ class EngineWorker:
         return ray.get_runtime_context().get_node_id()
 
 
+def listening_store(host: str, world_size: int, timeout_s: float) -> Any:
+    """Rank 0's TCP store listening on `host` only, on a free port.
+
+    torch's TCPStore binds every interface whatever host it is given (pytorch issue 173909); a socket
+    bound here and handed over (`master_listen_fd`) keeps it on the node's Ray address (127.0.0.1
+    in tests and local runs)."""
+    import datetime
+    import socket
+
+    import torch.distributed as dist
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, 0), family=family)
+    port = sock.getsockname()[1]
+    # detach: the store owns the descriptor from now on, Python must never close it under it
+    return dist.TCPStore(host, port, world_size, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=sock.detach())
+
+
 class TrainerWorker:
     """The `Trainer` (rank 0) in its own process; rank 0 of the sync group, whose store it hosts."""
 
@@ -115,17 +177,20 @@ class TrainerWorker:
         self._world = 0
         self._sender: WeightSender | None = None
 
-    def open_sync(self, world_size: int) -> tuple[str, int]:
-        """Host the sync group's store on a free port of this node; engines connect to (host, port)."""
+    def open_sync(self, world_size: int, timeout_s: float = SYNC_TIMEOUT_S) -> tuple[str, int]:
+        """Host a new sync group's store on a free port of this node; engines connect to (host, port).
+
+        A new store per group: a rebuilt group (after a fault) must not meet the old one's keys."""
         import ray
 
+        self._sender = None  # the old group, if any, is dropped
         host = ray.util.get_node_ip_address()
-        self._store = SyncGroup.host_store(host, world_size)
+        self._store = listening_store(host, world_size, timeout_s)
         self._world = world_size
         return host, int(self._store.port)
 
-    def join_sync(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
-        group = SyncGroup("", 0, 0, self._world, store=self._store)
+    def join_sync(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = SYNC_TIMEOUT_S) -> None:
+        group = SyncGroup("", 0, 0, self._world, timeout_s=timeout_s, store=self._store)
         self._sender = WeightSender(group, bucket_bytes)
 
     def train_step(self, batch: list[Rollout]) -> tuple[StepStats, tuple[tuple[str, float, float], ...]]:
@@ -145,6 +210,14 @@ class TrainerWorker:
     def save_checkpoint(self, path: str) -> None:
         self.trainer.save_checkpoint(path)
 
+    def load_checkpoint(self, path: str) -> int:
+        self.trainer.load_checkpoint(path)
+        return self.trainer.version
+
+    def progress(self) -> tuple[int, int]:
+        """(policy version, Adam updates so far)."""
+        return self.trainer.version, self.trainer.optimizer_steps()
+
     def node_id(self) -> str:
         import ray
 
@@ -154,9 +227,11 @@ class TrainerWorker:
 class EngineHandle:
     """The driver's view of one engine actor: routing reads the last status, submissions wait for its next step."""
 
-    def __init__(self, name: str, actor: Any, status: EngineStatus) -> None:
+    def __init__(self, name: str, actor: Any, status: EngineStatus, index: int = 0) -> None:
         self.name, self.actor, self.status = name, actor, status
+        self.index = index  # its slot: a replacement goes on the same placement-group bundle
         self._outbox: list[Request] = []
+        self.inflight: dict[int, Request] = {}  # routed here, not completed: what its death would lose
 
     def accepting(self, version: int) -> bool:
         return self.status.accepts == version
@@ -172,6 +247,11 @@ class EngineHandle:
 
     def submit(self, requests: Sequence[Request]) -> None:
         self._outbox.extend(requests)
+        self.inflight.update((r.sid, r) for r in requests)
+
+    def completed(self, completions: Sequence[Completion]) -> None:
+        for c in completions:
+            self.inflight.pop(c.sid, None)
 
     def step(self) -> Any:
         """Start one iteration on the actor with what was routed since the last; returns its future."""
@@ -179,34 +259,131 @@ class EngineHandle:
         return self.actor.step.remote(requests)
 
 
-class RayLoop:
-    """The driver: the shared controller over engine handles and the trainer actor (see the module docstring)."""
+def _gather(futures: Sequence[Any]) -> list[Any]:
+    """Each future's result, or its Ray error (a dead actor, a task that raised) in its place: one
+    failed call must not hide the others' results."""
+    import ray
+    from ray.exceptions import RayActorError, RayTaskError
 
-    def __init__(self, control: Controller, engines: list[EngineHandle], trainer: Any,
-                 out_dir: Path | None = None) -> None:
-        self.control, self.engines, self.trainer, self.out_dir = control, engines, trainer, out_dir
+    out: list[Any] = []
+    for future in futures:
+        try:
+            out.append(ray.get(future))
+        except (RayActorError, RayTaskError) as exc:
+            out.append(exc)
+    return out
+
+
+def _dead(result: Any) -> bool:
+    from ray.exceptions import RayActorError
+
+    return isinstance(result, RayActorError)
+
+
+@dataclass
+class _Joining:
+    handle: EngineHandle
+    ready: Any  # future of the new actor's first status: resolves once its constructor has run
+    since: float  # when the engine it replaces was found dead
+
+
+class _Committer:
+    """Commits checkpoints off the driver's path, one at a time. The trainer saves in its own process
+    (queued before its next step, so the file holds exactly this version, and the driver sends that
+    step only once the file is written); the driver's part, records and commit record with four
+    fsyncs (~40-80 ms a step on this machine), runs in this thread while the engines keep
+    generating. A new checkpoint first waits for the previous one, and a failing run lets the one in
+    progress land: a trainer that dies mid-step leaves the checkpoint before that step committed."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, work: Callable[[], None]) -> None:
+        self.wait()
+        self._thread = threading.Thread(target=self._run, args=(work,), name="checkpoint-commit", daemon=True)
+        self._thread.start()
+
+    def _run(self, work: Callable[[], None]) -> None:
+        try:
+            work()
+        except BaseException as exc:  # re-raised in the driver's thread by wait()
+            self._error = exc
+
+    def join(self) -> None:
+        """Let the commit in progress land; its error, if any, stays for wait()."""
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+            self._thread = None
+
+    def wait(self) -> None:
+        self.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+
+@dataclass
+class SyncSettings:
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    timeout_s: float = SYNC_TIMEOUT_S
+
+
+@dataclass
+class RayLoop:
+    """The driver: the shared controller over engine handles and the trainer actor (see the module docstring).
+
+    `spawn(index, restart)` starts a replacement engine actor for slot `index`; without it a dead
+    engine is not replaced and the run continues on the others.
+    """
+
+    control: Controller
+    engines: list[EngineHandle]
+    trainer: Any
+    out_dir: Path | None = None
+    spawn: Callable[[int, int], Any] | None = None
+    faults: Faults = field(default_factory=Faults)
+    sync: SyncSettings = field(default_factory=SyncSettings)
+    restarts: int = field(default=0, init=False)
+    _joining: list[_Joining] = field(default_factory=list, init=False)
+    # the sync group lost or gained a member: rebuild it before the next broadcast
+    _regroup: bool = field(default=False, init=False)
+    _fired: set[str] = field(default_factory=set, init=False)
+    _committer: _Committer = field(default_factory=_Committer, init=False)
+    _saving: Any = field(default=None, init=False)  # the trainer's checkpoint save in progress
+
+    def actors(self) -> list[Any]:
+        return [self.trainer, *(e.actor for e in self.engines), *(j.handle.actor for j in self._joining)]
 
     def run(self) -> list[StepStats]:
+        try:
+            self._loop()
+            if self.control.final_checkpoint_due():
+                self._checkpoint()
+            self._committer.wait()
+        finally:
+            self._committer.join()  # a failing run still lands the commit in progress
+        self.control.recorder.flush()
+        return self.control.history
+
+    def _loop(self) -> None:
         import ray
 
         control = self.control
+        if control.version > 0:  # resumed: the engines start from the initial model, the trainer does not
+            self._sync()
         training: Any = None  # the trainer's future while a step is in flight
         idle = 0
         while not control.done:
+            if training is None:  # a new engine joins only between steps (the trainer sends its weights)
+                self._admit_replacements(block=not self.engines or idle > 0)
             moved = control.route(self.engines)
-            # start a ready step before blocking on the engines' tick: started after it, the trainer
-            # idled one engine iteration per step (measured: a 0.2 s prefill on each 1.1 s step)
-            if training is None and control.ready():
-                training = self.trainer.train_step.remote(control.take())
-                moved = True
             busy = [e for e in self.engines if not e.idle()]
-            for engine, (completions, intervals, status) in zip(busy, ray.get([e.step() for e in busy]),
-                                                                  strict=True):
-                engine.status = status
-                control.engine_intervals(engine.name, intervals)
-                for c in completions:
-                    control.complete(c)
-                moved = moved or bool(completions)
+            # a ready step starts before the engines' tick blocks: started only after it, the trainer
+            # idled one engine iteration per step (measured: a 0.2 s prefill on each 1.1 s step)
+            training, moved = self._start_step(training, busy, moved)
+            moved = self._step_engines(busy) or moved
+            training, moved = self._start_step(training, busy, moved)
             # with nothing left to generate, wait for the trainer rather than spin
             if training is not None and (not busy or ray.wait([training], timeout=0)[0]):
                 self._finish_step(training)
@@ -214,26 +391,188 @@ class RayLoop:
             idle = 0 if moved or busy else idle + 1
             if idle > control.config.max_idle_ticks:
                 raise RuntimeError("ray loop stalled: no allowance, no engine work, no ready batch")
-        if self.out_dir is not None:
-            ray.get(self.trainer.save_checkpoint.remote(str(self.out_dir / "checkpoint.pt")))
-        control.recorder.flush()
-        return control.history
+
+    def _start_step(self, training: Any, busy: list[EngineHandle], moved: bool) -> tuple[Any, bool]:
+        """Send the next batch to the trainer if one is ready and the last checkpoint is on disk."""
+        control = self.control
+        if training is None and control.ready() and self._saved(block=not busy):
+            training = self.trainer.train_step.remote(control.take())
+            self._fire("kill_trainer", self.faults.kill_trainer == control.version, self.trainer)
+            return training, True
+        return training, moved
+
+    def _step_engines(self, busy: list[EngineHandle]) -> bool:
+        """One iteration on every busy engine at once; a dead one is replaced. True if anything moved."""
+        control = self.control
+        moved = False
+        for engine, result in zip(busy, _gather([e.step() for e in busy]), strict=True):
+            if _dead(result):
+                self._engine_lost(engine)
+                moved = True
+                continue
+            if isinstance(result, Exception):
+                raise result
+            completions, intervals, status = result
+            engine.status = status
+            engine.completed(completions)
+            control.engine_intervals(engine.name, intervals)
+            for c in completions:
+                control.complete(c)
+            moved = moved or bool(completions)
+        return moved
 
     def _finish_step(self, training: Any) -> None:
         """Collect the step, broadcast its weights to every engine (one collective), move the controller on."""
+        stats, intervals = self._trainer_get(training)
+        engine = self._engine_at(self.faults.kill_engine_in_sync, stats.step + 1)
+        if engine is not None:
+            self._fire("kill_engine_in_sync", True, engine.actor)
+        version, t0, t1 = self._sync()
+        self.control.stepped(stats, intervals, (t0, t1), version)
+        engine = self._engine_at(self.faults.kill_engine, version)
+        if engine is not None:
+            self._fire("kill_engine", True, engine.actor)
+        if self.control.checkpoint_due(version):
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        """Checkpoint the current version: the trainer's save is queued now, the commit follows in the background."""
+        path = self.control.trainer_file()
+        saved = self._saving = self.trainer.save_checkpoint.remote(str(path))
+        commit = self.control.prepare_commit(path)
+
+        def work() -> None:
+            self._trainer_get(saved)
+            commit()
+
+        self._committer.submit(work)
+
+    def _saved(self, block: bool) -> bool:
+        """The trainer's last checkpoint file is written. The next step waits for it: a trainer that
+        dies in a step must leave the checkpoint of the step before, so only that step is redone."""
         import ray
 
-        stats, intervals = ray.get(training)
+        if self._saving is not None and ray.wait([self._saving], timeout=None if block else 0)[0]:
+            self._saving = None  # its outcome (a dead trainer) is the commit thread's to report
+        return self._saving is None
+
+    # -- weight sync, with the group rebuilt around faults ------------------------------------------
+    def _sync(self) -> tuple[int, float, float]:
+        """Broadcast the trainer's weights and version to every live engine; (version, start, end)."""
+        for _ in range(SYNC_ATTEMPTS):
+            self._admit_replacements(block=not self.engines and bool(self._joining), sync=False)
+            if not self.engines:
+                raise RuntimeError("every rollout engine is lost and none could be restarted")
+            if self._regroup and not self._rebuild():
+                continue
+            result = self._broadcast()
+            if result is not None:
+                return result
+        raise RuntimeError(f"weight sync failed {SYNC_ATTEMPTS} times in a row (see the engines' logs)")
+
+    def _rebuild(self) -> bool:
+        """A new sync group (new store, new port) of the trainer and the live engines; False if a rank failed."""
+        world = len(self.engines) + 1
+        bucket, timeout = self.sync.bucket_bytes, self.sync.timeout_s
+        host, port = self._trainer_get(self.trainer.open_sync.remote(world, timeout))
+        # every rank must be inside the group's constructor at once: issue all joins, then wait
+        futures = [self.trainer.join_sync.remote(bucket, timeout),
+                   *(e.actor.join_sync.remote(host, port, r + 1, world, bucket, timeout)
+                     for r, e in enumerate(self.engines))]
+        results = _gather(futures)
+        self._trainer_result(results[0])
+        ok = not isinstance(results[0], Exception)
+        for engine, result in zip(list(self.engines), results[1:], strict=True):
+            if _dead(result):
+                self._engine_lost(engine)
+            ok = ok and not isinstance(result, Exception)
+        self._regroup = not ok
+        return ok
+
+    def _broadcast(self) -> tuple[int, float, float] | None:
+        """One collective; None if a rank failed (the group is then rebuilt and the broadcast redone)."""
         sent = self.trainer.send_weights.remote()
-        statuses = ray.get([e.actor.receive_weights.remote() for e in self.engines])
-        version, t0, t1 = ray.get(sent)
-        for engine, status in zip(self.engines, statuses, strict=True):
-            engine.status = status
-        self.control.stepped(stats, intervals, (t0, t1), version)
-        if self.control.checkpoint_due(version):
-            assert self.out_dir is not None
-            ray.get(self.trainer.save_checkpoint.remote(str(self.out_dir / "checkpoint.pt")))
-            self.control.recorder.flush()
+        results = _gather([e.actor.receive_weights.remote() for e in self.engines])
+        span = self._trainer_result(_gather([sent])[0])
+        ok = not isinstance(span, Exception)
+        for engine, result in zip(list(self.engines), results, strict=True):
+            if _dead(result):
+                self._engine_lost(engine)
+            elif not isinstance(result, Exception):
+                engine.status = result
+            ok = ok and not isinstance(result, Exception)
+        if not ok:
+            self._regroup = True
+            return None
+        return span
+
+    # -- engine faults ---------------------------------------------------------------------------
+    def _engine_lost(self, engine: EngineHandle) -> None:
+        """Hand its samples back to the controller, start a replacement, rebuild the sync group."""
+        self.engines.remove(engine)
+        self.control.requeue(list(engine.inflight.values()))
+        self._regroup = True
+        if self.spawn is None:
+            return
+        self.restarts += 1
+        if self.restarts > MAX_ENGINE_RESTARTS:
+            raise RuntimeError(f"rollout engines died {self.restarts} times in this run; giving up")
+        actor = self.spawn(engine.index, self.restarts)
+        handle = EngineHandle(engine.name, actor, EngineStatus(None, 0, 0, True), engine.index)
+        self._joining.append(_Joining(handle, actor.status.remote(), self.control.clock()))
+
+    def _admit_replacements(self, block: bool, sync: bool = True) -> None:
+        """New engines whose actors are up join the engines (and, with `sync`, get the weights now)."""
+        import ray
+
+        if not self._joining:
+            return
+        futures = [j.ready for j in self._joining]
+        ready, _ = ray.wait(futures, num_returns=1 if block else len(futures), timeout=None if block else 0)
+        admitted = False
+        for joining in [j for j in self._joining if j.ready in ready]:
+            self._joining.remove(joining)
+            status = _gather([joining.ready])[0]
+            if isinstance(status, Exception):  # the replacement died too: try another
+                self.engines.append(joining.handle)  # (_engine_lost takes it out again)
+                self._engine_lost(joining.handle)
+                continue
+            joining.handle.status = status
+            self.engines.append(joining.handle)
+            self._regroup = admitted = True
+            self.control.recorder.interval(joining.handle.name, "rollout", "restart", joining.since,
+                                           self.control.clock(), self.control.version, 0)
+        if sync and admitted:
+            self._sync()
+
+    def _engine_at(self, fault: tuple[int, int] | None, version: int) -> EngineHandle | None:
+        if fault is None or fault[1] != version:
+            return None
+        return next((e for e in self.engines if e.index == fault[0]), None)
+
+    def _fire(self, name: str, due: bool, actor: Any) -> None:
+        import ray
+
+        if due and name not in self._fired:
+            self._fired.add(name)
+            ray.kill(actor, no_restart=True)
+
+    # -- the trainer -----------------------------------------------------------------------------
+    def _trainer_get(self, future: Any) -> Any:
+        return self._trainer_result(_gather([future])[0], strict=True)
+
+    def _trainer_result(self, result: Any, strict: bool = False) -> Any:
+        """The result of a trainer call; TrainerLost if the trainer died (other errors raise with `strict`)."""
+        if _dead(result):
+            self._committer.join()  # name the checkpoint that is really there
+            committed = self.control.committed
+            where = (f"{self.out_dir} has a checkpoint at version {committed}: continue with "
+                     f"`rlfleet run PLAN --resume {self.out_dir}`" if committed is not None and self.out_dir
+                     else "no checkpoint was committed (run with --out to be able to resume)")
+            raise TrainerLost(f"the trainer died during step {self.control.version}; {where}") from result
+        if strict and isinstance(result, Exception):
+            raise result
+        return result
 
 
 def init_ray(plan: Plan, address: str | None = None, extra_cpus: int = 1) -> None:
@@ -256,9 +595,10 @@ def init_ray(plan: Plan, address: str | None = None, extra_cpus: int = 1) -> Non
     for group in plan.rollout:
         need[group.gpu_type] = need.get(group.gpu_type, 0) + group.gpus
     need[plan.trainer.gpu_type] = need.get(plan.trainer.gpu_type, 0) + plan.trainer.gpus
-    # logical CPUs, one per bundle: the processes share the real cores, Ray only counts
-    ray.init(num_cpus=int(sum(need.values())) + extra_cpus, include_dashboard=False, log_to_driver=False,
-             resources={TYPE_RESOURCE.format(t): float(n) for t, n in need.items()})
+    # logical CPUs, one per bundle: the processes share the real cores, Ray only counts. address="local":
+    # always a new instance; without it ray.init joins whatever cluster this machine last started
+    ray.init(address="local", num_cpus=int(sum(need.values())) + extra_cpus, include_dashboard=False,
+             log_to_driver=False, resources={TYPE_RESOURCE.format(t): float(n) for t, n in need.items()})
 
 
 def toy_plan(engines: int, staleness: int, gpu_type: str = TOY_GPU_TYPE) -> Plan:
@@ -266,65 +606,100 @@ def toy_plan(engines: int, staleness: int, gpu_type: str = TOY_GPU_TYPE) -> Plan
                 trainer=TrainerGroup(gpu_type=gpu_type, dp=1))
 
 
+def engine_spawner(groups: Sequence[Group], model: PreTrainedModel | str, tokenizer: CharTokenizer, seed: int,
+                   max_batch: int, interruptible: bool) -> Callable[[int, int], Any]:
+    """`spawn(index, restart)`: an engine actor on slot `index` (its group's bundle), seeded per restart."""
+    import ray
+
+    engine_cls = ray.remote(EngineWorker)
+    slots = [(g, i) for g in groups if g.role == "rollout" for i in range(g.actors)]
+
+    def spawn(index: int, restart: int = 0) -> Any:
+        group, i = slots[index]
+        return engine_cls.options(**group.actor_options(i)).remote(
+            model, tokenizer.eos_id, tokenizer.pad_id, f"engine{index}", max_batch,
+            seed * 1000 + index + 1 + 100_003 * restart, interruptible)
+
+    return spawn
+
+
 def start_actors(groups: Sequence[Group], model: PreTrainedModel | str, tokenizer: CharTokenizer,
                  train: TrainConfig, seed: int, max_batch: int, interruptible: bool,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> tuple[list[EngineHandle], Any]:
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = SYNC_TIMEOUT_S
+                 ) -> tuple[list[EngineHandle], Any]:
     """Engines and trainer rank 0 on their placement groups, joined in one sync group."""
     import ray
 
-    rollout = [g for g in groups if g.role == "rollout"]
+    spawn = engine_spawner(groups, model, tokenizer, seed, max_batch, interruptible)
+    engines = sum(g.actors for g in groups if g.role == "rollout")
+    actors = [spawn(k) for k in range(engines)]
     trainer_group = next(g for g in groups if g.role == "train")
-    engine_cls, trainer_cls = ray.remote(EngineWorker), ray.remote(TrainerWorker)
-    names = [f"engine{i}" for i in range(sum(g.actors for g in rollout))]
-    slots = [(g, i) for g in rollout for i in range(g.actors)]
-    actors = [engine_cls.options(**g.actor_options(i)).remote(
-        model, tokenizer.eos_id, tokenizer.pad_id, name, max_batch, seed * 1000 + k + 1, interruptible)
-        for k, (name, (g, i)) in enumerate(zip(names, slots, strict=True))]
-    trainer = trainer_cls.options(**trainer_group.actor_options(0)).remote(model, tokenizer.pad_id, train, seed)
+    trainer = ray.remote(TrainerWorker).options(**trainer_group.actor_options(0)).remote(
+        model, tokenizer.pad_id, train, seed)
     world = len(actors) + 1
-    host, port = ray.get(trainer.open_sync.remote(world))
+    host, port = ray.get(trainer.open_sync.remote(world, timeout_s))
     # every rank must be inside the group's constructor at once: issue all joins, then wait
-    ray.get([trainer.join_sync.remote(bucket_bytes),
-             *(a.join_sync.remote(host, port, r + 1, world, bucket_bytes) for r, a in enumerate(actors))])
+    ray.get([trainer.join_sync.remote(bucket_bytes, timeout_s),
+             *(a.join_sync.remote(host, port, r + 1, world, bucket_bytes, timeout_s)
+               for r, a in enumerate(actors))])
     statuses = ray.get([a.status.remote() for a in actors])
-    return [EngineHandle(n, a, s) for n, a, s in zip(names, actors, statuses, strict=True)], trainer
+    handles = [EngineHandle(f"engine{k}", a, st, k) for k, (a, st) in enumerate(zip(actors, statuses, strict=True))]
+    return handles, trainer
 
 
 def run_toy_ray(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0, out_dir: str | Path | None = None,
                 prompts_per_step: int = 16, group_size: int = 16, train: TrainConfig | None = None,
                 interruptible: bool = True, max_batch: int = 256, task: AdditionTask | None = None,
                 hidden: int = 64, layers: int = 2, address: str | None = None,
-                progress: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
+                progress: Callable[[dict[str, Any]], None] | None = None, checkpoint_every: int = 0,
+                resume: bool = False, identity: dict[str, Any] | None = None, faults: Faults | None = None,
+                sync_timeout_s: float = SYNC_TIMEOUT_S) -> RunResult:
     """`runtime.loop.run_toy` with engines and trainer as Ray actors and real weight sync.
 
     Starts a local Ray on loopback (or joins `address`) and leaves it running for the caller to
-    shut down (`ray.shutdown()`), so several runs share one start-up.
+    shut down (`ray.shutdown()`), so several runs share one start-up. Dead engines are replaced;
+    a dead trainer raises `TrainerLost`, and `resume=True` continues the run in `out_dir` from its
+    last checkpoint (`checkpoint_every` steps, and at the end).
     """
     import ray
 
     out = Path(out_dir) if out_dir is not None else None
     task, tokenizer = task or AdditionTask(max_operand=4), CharTokenizer()
-    train = train or TrainConfig(entropy_coef=0.01, decay_steps=steps)
+    ident = run_identity(task, engines, staleness, seed, prompts_per_step, group_size, hidden, layers, identity)
+    record = resume_record(out, resume, ident, steps)
+    train = train or TrainConfig(entropy_coef=0.01, decay_steps=steps)  # a resumed trainer takes the checkpoint's
     model = build_model(tiny_llama_config(tokenizer, hidden=hidden, layers=layers, intermediate=4 * hidden), seed=seed)
-    if out is not None:
+    if out is not None and record is None:
         save_model(model, tokenizer, out / "initial_model")
     before = evaluate(model, task, tokenizer)
     plan = toy_plan(engines, staleness)
     init_ray(plan, address)
     groups = place(plan, gpus=False)
+    loop: RayLoop | None = None
     actors: list[Any] = []
     try:
-        handles, trainer = start_actors(groups, model, tokenizer, train, seed, max_batch, interruptible)
+        handles, trainer = start_actors(groups, model, tokenizer, train, seed, max_batch, interruptible,
+                                        timeout_s=sync_timeout_s)
         actors = [h.actor for h in handles] + [trainer]
-        control = Controller(task, tokenizer, LoopConfig(steps, prompts_per_step, group_size, staleness), seed=seed,
-                             out_dir=out, clock=time.time, progress=progress)
-        history = RayLoop(control, handles, trainer, out).run()
-        seconds = time.time() - control.recorder.origin
+        control = Controller(task, tokenizer, LoopConfig(steps, prompts_per_step, group_size, staleness,
+                                                         checkpoint_every),
+                             seed=seed, out_dir=out, clock=time.time, progress=progress, identity=ident)
+        if record is not None:
+            assert out is not None
+            ray.get(trainer.load_checkpoint.remote(str(out / record["trainer"])))
+            control.restore(record["controller"], RunRecorder.resume(out, record["records"]))
+        loop = RayLoop(control, handles, trainer, out,
+                       spawn=engine_spawner(groups, model, tokenizer, seed, max_batch, interruptible),
+                       faults=faults or Faults(), sync=SyncSettings(timeout_s=sync_timeout_s))
+        t0 = time.time()
+        loop.run()
+        seconds = time.time() - t0
         model.load_state_dict(ray.get(trainer.weights.remote()))
+        version, optimizer_steps = ray.get(trainer.progress.remote())
     finally:
-        for actor in actors:
+        for actor in (loop.actors() if loop is not None else []) + actors:
             ray.kill(actor)
         for g in groups:
             ray.util.remove_placement_group(g.placement_group)
     after = evaluate(model, task, tokenizer)
-    return summarize(history, before, after, task, seconds, out)
+    return summarize(control, before, after, task, seconds, out, version, optimizer_steps, loop.restarts)

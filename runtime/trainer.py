@@ -15,6 +15,7 @@ The per-token loss is -w * min(r A, clip(r) A), averaged over all response token
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import os
 import time
@@ -240,14 +241,26 @@ class Trainer:
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
-        """Model, optimizer and version in one file, written so a crash leaves the old checkpoint whole."""
+        """Everything a resumed run needs to take the next step as this one would, in one file written so
+        a crash leaves the old checkpoint whole: weights, Adam's moments and step counters, the version
+        (the LR schedule is a function of it), the config (the schedule's shape) and the RNG."""
         buf = io.BytesIO()
         torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "version": self.version, "seed": self.seed}, buf)
+                    "version": self.version, "seed": self.seed, "config": dataclasses.asdict(self.config),
+                    "torch_rng": torch.get_rng_state()}, buf)
         atomic_write_bytes(path, buf.getvalue())
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain types only
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.version, self.seed = int(state["version"]), int(state["seed"])
+        if "config" in state:  # older checkpoints: keep the config this trainer was built with
+            self.config = TrainConfig(**state["config"])
+        if "torch_rng" in state:
+            torch.set_rng_state(state["torch_rng"])
+
+    def optimizer_steps(self) -> int:
+        """Adam updates so far (its per-parameter step counter): a fresh optimizer would restart it at 0."""
+        states = [s for s in self.optimizer.state.values() if "step" in s]
+        return int(states[0]["step"]) if states else 0

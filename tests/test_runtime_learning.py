@@ -53,7 +53,8 @@ def test_async_grpo_beats_five_times_chance_within_the_staleness_bound(tmp_path:
     assert tuple(rows[0]) == TIMELINE_COLUMNS
     assert {(r["resource"], r["activity"]) for r in rows} >= {
         ("engine0", "prefill"), ("engine1", "prefill"), ("trainer0", "train"), ("trainer0", "sync")}
-    assert (tmp_path / "checkpoint.pt").exists() and (tmp_path / "initial_model" / "config.json").exists()
+    assert (tmp_path / "checkpoints" / f"trainer-{STEPS:06d}.pt").exists()  # committed by checkpoint.json
+    assert (tmp_path / "checkpoint.json").exists() and (tmp_path / "initial_model" / "config.json").exists()
 
 
 def test_runs_are_reproducible_from_the_seed() -> None:

@@ -156,7 +156,7 @@ def test_async_grpo_on_ray_beats_five_times_chance_within_the_staleness_bound(ra
     spans = {key: [(float(r["start"]), float(r["end"])) for r in timeline if (r["group"] == "trainer") == key]
              for key in (True, False)}
     assert any(s < te and e > ts for s, e in spans[False] for ts, te in spans[True])
-    assert (tmp_path / "checkpoint.pt").exists()
+    assert (tmp_path / "checkpoint.json").exists() and (tmp_path / "checkpoints" / f"trainer-{STEPS:06d}.pt").exists()
 
 
 def test_ray_loop_keeps_the_bound_with_draining_engines_on_policy(ray_cluster: None) -> None:

@@ -3,11 +3,18 @@
 By default engines and trainer are Ray actors placed by GPU type (runtime.ray_loop: a local Ray on
 loopback, or `--address` to join one) with weights broadcast over torch.distributed (gloo);
 `--local` interleaves them in one process instead (runtime.loop), which is quicker to start.
+
+With `--out DIR` a checkpoint is committed every `--checkpoint-every` steps (default 1: a crash
+redoes at most the step in progress); `--resume DIR` continues that run (a dead trainer's, or one
+stopped early, or one to extend with more `--steps`). A folder without a checkpoint, or with one of
+another plan, task or seed, is refused in one line (exit 2). A dead rollout engine is replaced
+without stopping the run; a dead trainer stops it with one line (exit 1) naming the checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,6 +28,7 @@ from traces.records import observed_workload, read_metrics, read_run, write_run_
 
 TASKS = ("addition",)
 PROMPTS_PER_STEP, GROUP_SIZE = 16, 16  # the toy run's batch: 256 samples a step (runtime.loop.run_toy)
+EXIT_RUN_FAILED = 1  # the run itself failed (a dead trainer); bad input exits 2
 
 
 def register(sub: Any) -> None:
@@ -29,7 +37,11 @@ def register(sub: Any) -> None:
     p.add_argument("--task", choices=TASKS, default="addition", help="verifiable task (default addition)")
     p.add_argument("--steps", type=positive_int, default=150, help="trainer steps (default 150)")
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    p.add_argument("--out", metavar="DIR", help="write metrics.jsonl, timeline.csv, checkpoint and model here")
+    p.add_argument("--out", metavar="DIR", help="write metrics.jsonl, timeline.csv, checkpoints and model here")
+    p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint "
+                   "(same plan, task and seed; --steps is the total, and may extend the run)")
+    p.add_argument("--checkpoint-every", type=positive_int, default=1, metavar="N",
+                   help="commit a checkpoint every N steps when writing a run folder (default 1)")
     p.add_argument("--address", help="join this Ray cluster (default: start a local one on loopback)")
     p.add_argument("--local", action="store_true", help="run engines and trainer in this process, no Ray")
     p.add_argument("--cluster", help="cluster YAML the prediction assumes (default: this machine, cpu-host)")
@@ -54,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         import transformers
 
         from runtime.loop import run_toy
-        from runtime.ray_loop import run_toy_ray
+        from runtime.ray_loop import TrainerLost, run_toy_ray
         from runtime.trainer import TrainConfig
     except ImportError as exc:
         raise SpecError(f"rlfleet run needs the runtime extra ({exc.name} is missing): pip install -e '.[runtime]'"
@@ -97,15 +109,44 @@ def run(args: argparse.Namespace) -> int:
                "max_staleness": result.max_staleness, "samples_per_s": result.samples_per_s,
                "seconds": result.seconds, "out": args.out, "executor": "local" if args.local else "ray",
                "prediction": fid.summary() if fid else {"skipped": why}}
+    out = _run_folder(args)
+    with bar(args.steps, "training", unit="step") as progress:
+        common = {"engines": engines, "staleness": plan.staleness, "seed": args.seed, "out_dir": out,
+                  "progress": lambda _row: progress.update(), "checkpoint_every": args.checkpoint_every,
+                  "resume": args.resume is not None, "identity": {"plan": plan_shape(plan)}}
+        try:
+            if args.local:
+                result = run_toy(args.steps, **common)
+            else:
+                import ray
+
+                try:
+                    result = run_toy_ray(args.steps, address=args.address, **common)
+                finally:
+                    ray.shutdown()
+        except TrainerLost as exc:
+            sys.stderr.write(f"rlfleet: error: {exc}\n")
+            return EXIT_RUN_FAILED
+    summary = {"steps": result.steps, "engines": engines, "staleness_bound": plan.staleness,
+               "eval_before": result.eval_before, "eval_after": result.eval_after, "chance": result.chance,
+               "max_staleness": result.max_staleness, "samples_per_s": result.samples_per_s,
+               "seconds": result.seconds, "out": str(result.out_dir) if result.out_dir else None,
+               "executor": "local" if args.local else "ray", "version": result.version,
+               "resumed_from": result.first_step if args.resume else None,
+               "engine_restarts": result.engine_restarts, "samples_regenerated": len(result.requeued_sids),
+               "duplicates_dropped": result.duplicates}
     emit(summary, args.json, [
         f"{args.task}: {result.steps} steps, {engines} engines, staleness bound {plan.staleness}, "
-        + ("in one process" if args.local else "on Ray"),
+        + ("in one process" if args.local else "on Ray")
+        + (f", resumed from step {result.first_step}" if args.resume else ""),
+        *([f"  faults    {result.engine_restarts} engine restarts, {len(result.requeued_sids)} samples "
+           "re-generated, 0 lost"] if result.engine_restarts else []),
         f"  reward    {result.eval_before:.3f} -> {result.eval_after:.3f} (chance {result.chance:.3f}, "
         f"{result.eval_after / result.chance:.1f}x)",
         f"  staleness max {result.max_staleness} (bound {plan.staleness})",
         f"  speed     {result.samples_per_s:,.0f} samples/s over {result.seconds:.1f} s",
         *(fidelity_lines(fid) if fid else [f"  prediction skipped: {why}"]),
-        *([f"  records -> {args.out}"] if args.out else []),
+        *([f"  records -> {args.out or args.resume}"] if args.out or args.resume else []),
     ])
     return 0
 
@@ -123,3 +164,21 @@ def _predict(out: Path, cm: CostModel, seed: int) -> tuple[Fidelity | None, str]
         return predict_run(read_run(out), cm, seed=seed), ""
     except SpecError as exc:  # e.g. the plan's GPU types are not in the cluster the prediction assumes
         return None, str(exc)
+
+
+def _run_folder(args: argparse.Namespace) -> str | None:
+    """--resume DIR writes on in DIR; an --out elsewhere would split the run's records in two."""
+    if args.resume is None:
+        return args.out
+    if args.out is not None and Path(args.out).resolve() != Path(args.resume).resolve():
+        raise SpecError("--resume DIR continues the run in DIR; drop --out (or give the same folder)")
+    return args.resume
+
+
+def plan_shape(plan: Plan) -> str:
+    """What of a plan a resumed run must share with its checkpoint: the groups, mode and bound
+    (not its name fields or predictions)."""
+    t = plan.trainer
+    rollout = ", ".join(f"{g.instances}x {g.gpu_type} tp{g.tp}" for g in plan.rollout)
+    return (f"{plan.model or 'tiny-llama'}, {plan.mode} eta={plan.staleness}; rollout {rollout}; "
+            f"trainer {t.gpu_type} dp{t.dp} tp{t.tp} pp{t.pp}")
