@@ -84,35 +84,15 @@ def run(args: argparse.Namespace) -> int:
     spec = toy_model(plan)
     cluster = load_cluster(args.cluster) if args.cluster else example_cluster("cpu-host")
     cm = cost_model(args)
+    folder = _run_folder(args)
     with tempfile.TemporaryDirectory(prefix="rlfleet-run-") as scratch, \
             bar(args.steps, "training", unit="step") as progress:
-        out = Path(args.out) if args.out else Path(scratch)  # records are kept for the prediction either way
+        out = Path(folder or scratch)  # records are kept for the prediction either way
         common = {"engines": engines, "staleness": plan.staleness, "seed": args.seed, "out_dir": out,
                   "hidden": spec.hidden, "layers": spec.layers, "prompts_per_step": PROMPTS_PER_STEP,
-                  "group_size": GROUP_SIZE, "progress": lambda row: _show(progress, row)}
-        if args.local:
-            result = run_toy(args.steps, **common)
-        else:
-            import ray
-
-            try:
-                result = run_toy_ray(args.steps, address=args.address, **common)
-            finally:
-                ray.shutdown()
-        workload = observed_workload(f"{args.task}-observed", spec, plan, read_metrics(out),
-                                     prompts_per_step=PROMPTS_PER_STEP, group_size=GROUP_SIZE,
-                                     ppo_minibatches=TrainConfig().minibatches)
-        write_run_spec(out, plan, workload, cluster)
-        fid, why = _predict(out, cm, args.seed)
-    summary = {"steps": result.steps, "engines": engines, "staleness_bound": plan.staleness,
-               "eval_before": result.eval_before, "eval_after": result.eval_after, "chance": result.chance,
-               "max_staleness": result.max_staleness, "samples_per_s": result.samples_per_s,
-               "seconds": result.seconds, "out": args.out, "executor": "local" if args.local else "ray",
-               "prediction": fid.summary() if fid else {"skipped": why}}
-    out = _run_folder(args)
-    with bar(args.steps, "training", unit="step") as progress:
-        common = {"engines": engines, "staleness": plan.staleness, "seed": args.seed, "out_dir": out,
-                  "progress": lambda _row: progress.update(), "checkpoint_every": args.checkpoint_every,
+                  "group_size": GROUP_SIZE, "progress": lambda row: _show(progress, row),
+                  # checkpoints only where the user keeps the folder
+                  "checkpoint_every": args.checkpoint_every if folder else 0,
                   "resume": args.resume is not None, "identity": {"plan": plan_shape(plan)}}
         try:
             if args.local:
@@ -127,14 +107,21 @@ def run(args: argparse.Namespace) -> int:
         except TrainerLost as exc:
             sys.stderr.write(f"rlfleet: error: {exc}\n")
             return EXIT_RUN_FAILED
+        workload = observed_workload(f"{args.task}-observed", spec, plan, read_metrics(out),
+                                     prompts_per_step=PROMPTS_PER_STEP, group_size=GROUP_SIZE,
+                                     ppo_minibatches=TrainConfig().minibatches)
+        write_run_spec(out, plan, workload, cluster)
+        # a resumed run's clock restarts: its steady-state window would span the outage
+        fid, why = (None, "a resumed run (its timeline spans the restart)") if args.resume else \
+            _predict(out, cm, args.seed)
     summary = {"steps": result.steps, "engines": engines, "staleness_bound": plan.staleness,
                "eval_before": result.eval_before, "eval_after": result.eval_after, "chance": result.chance,
                "max_staleness": result.max_staleness, "samples_per_s": result.samples_per_s,
-               "seconds": result.seconds, "out": str(result.out_dir) if result.out_dir else None,
-               "executor": "local" if args.local else "ray", "version": result.version,
-               "resumed_from": result.first_step if args.resume else None,
+               "seconds": result.seconds, "out": folder, "executor": "local" if args.local else "ray",
+               "version": result.version, "resumed_from": result.first_step if args.resume else None,
                "engine_restarts": result.engine_restarts, "samples_regenerated": len(result.requeued_sids),
-               "duplicates_dropped": result.duplicates}
+               "duplicates_dropped": result.duplicates,
+               "prediction": fid.summary() if fid else {"skipped": why}}
     emit(summary, args.json, [
         f"{args.task}: {result.steps} steps, {engines} engines, staleness bound {plan.staleness}, "
         + ("in one process" if args.local else "on Ray")
@@ -146,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         f"  staleness max {result.max_staleness} (bound {plan.staleness})",
         f"  speed     {result.samples_per_s:,.0f} samples/s over {result.seconds:.1f} s",
         *(fidelity_lines(fid) if fid else [f"  prediction skipped: {why}"]),
-        *([f"  records -> {args.out or args.resume}"] if args.out or args.resume else []),
+        *([f"  records -> {folder}"] if folder else []),
     ])
     return 0
 
