@@ -67,7 +67,7 @@ def test_fidelity_predicted_vs_measured_within_25_percent(cli, tmp_path: Path) -
     assert res.code == 0, res.err
     run_dir = tmp_path / "run"
     res = cli("run", "traces/data/plans/toy-cpu-256.json", "--steps", "15", "--profile", str(profile),
-              "--out", str(run_dir), "--json")
+              "--out", str(run_dir), "--checkpoint-every", "100", "--json")
     assert res.code == 0, res.err
     prediction = res.json()["prediction"]
     assert set(prediction["cost_sources"].values()) == {"profile"}  # every stage priced from the measured table

@@ -112,8 +112,7 @@ def run(args: argparse.Namespace) -> int:
                                      ppo_minibatches=TrainConfig().minibatches)
         write_run_spec(out, plan, workload, cluster)
         # a resumed run's clock restarts: its steady-state window would span the outage
-        fid, why = (None, "a resumed run (its timeline spans the restart)") if args.resume else \
-            _predict(out, cm, args.seed)
+        fid, why = _predict(out, cm, args)
     summary = {"steps": result.steps, "engines": engines, "staleness_bound": plan.staleness,
                "eval_before": result.eval_before, "eval_after": result.eval_after, "chance": result.chance,
                "max_staleness": result.max_staleness, "samples_per_s": result.samples_per_s,
@@ -145,10 +144,14 @@ def _show(progress: Any, row: dict[str, Any]) -> None:
     progress.update()
 
 
-def _predict(out: Path, cm: CostModel, seed: int) -> tuple[Fidelity | None, str]:
+def _predict(out: Path, cm: CostModel, args: argparse.Namespace) -> tuple[Fidelity | None, str]:
     """Simulate the recorded run: (fidelity, or why there is no prediction)."""
+    if args.local:
+        return None, "--local runs engines and trainer in turns in one process; the simulator runs them in parallel"
+    if args.resume:
+        return None, "a resumed run (its clock restarts, so its timeline spans the outage)"
     try:
-        return predict_run(read_run(out), cm, seed=seed), ""
+        return predict_run(read_run(out), cm, seed=args.seed), ""
     except SpecError as exc:  # e.g. the plan's GPU types are not in the cluster the prediction assumes
         return None, str(exc)
 
