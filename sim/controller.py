@@ -82,7 +82,9 @@ def water_fill(n: int, loads: np.ndarray, caps: np.ndarray, keys: np.ndarray, ro
     engine = np.repeat(rows, take)
     first = np.cumsum(take) - take
     level = loads[engine] + np.arange(len(engine)) - np.repeat(first, take)
-    order = np.lexsort((level, engine, keys[row[engine], level + 1]))
+    # candidates are laid out by (engine, level) already: a stable sort on the key alone gives the
+    # lexsort by (key, engine, level), several times faster
+    order = np.argsort(keys[row[engine], level + 1], kind="stable")
     return engine[order[:n]]
 
 

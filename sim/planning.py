@@ -262,9 +262,5 @@ def cut_jumps(b: np.ndarray, s0: np.ndarray, k: np.ndarray, elapsed: np.ndarray,
     which = np.array([id(t) for t in tables]) if len(groups) > 1 else None
     for key, table in groups.items():
         sel = np.flatnonzero(which == key) if which is not None else np.arange(len(k))
-        bb, ss, kk, el = b[sel], s0[sel], k[sel], elapsed[sel]
-        d = table.iterations_within(bb, ss, kk, el)
-        d = np.where((d == 0) | (table.totals(bb, ss, d) < el - 1e-12), d + 1, d)
-        d = np.minimum(kk, d)
-        done[sel], rest[sel] = d, table.totals(bb, ss, d) - el
+        done[sel], rest[sel] = table.stop_after(b[sel], s0[sel], k[sel], elapsed[sel])
     return done, rest
