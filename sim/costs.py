@@ -77,24 +77,34 @@ class DecodeTable:
         Round r adds every jump's r-th grid cell, so each jump's sum is built in the scalar order;
         most jumps lie in one cell (a cell spans kv/63 tokens of context) and drop out after round 0.
         """
-        last = GRID_POINTS - 2
-        out = np.zeros(len(k))
-        j = np.zeros(len(k), np.int64)
-        idx = np.flatnonzero(k > 0)
+        b, s0, k = np.asarray(b), np.asarray(s0, np.float64), np.asarray(k, np.int64)
+        # round 0 over every jump without gathers (j = 0; a jump with k = 0 sums nothing)
+        out, j_end = self._cell_sums(b, s0, np.zeros(len(k), np.int64), k)
+        out[k <= 0] = 0.0
+        idx = np.flatnonzero(j_end < k)
+        j = j_end
         while len(idx):
-            bb, ss, jj, kk = b[idx], s0[idx], j[idx], k[idx]
-            c = ((ss + bb * jj) / self.ds).astype(np.int64)  # int() truncates; contexts are >= 0
-            tail = c >= last  # the last cell extends to infinity
-            c = np.where(tail, last, np.maximum(c, 0))
-            with np.errstate(divide="ignore", invalid="ignore"):
-                j_end = np.ceil(((c + 1) * self.ds - ss) / bb)
-            j_end = np.where(tail, kk, np.minimum(kk, np.maximum(jj + 1, j_end).astype(np.int64)))
-            n = j_end - jj
-            slope = self.slope_arr[bb, c]
-            out[idx] += n * (self.base_arr[bb, c] + slope * ss) + slope * bb * (jj + j_end - 1) * n / 2
-            j[idx] = j_end
-            idx = idx[j_end < kk]
+            part, ends = self._cell_sums(b[idx], s0[idx], j[idx], k[idx])
+            out[idx] += part
+            j[idx] = ends
+            idx = idx[ends < k[idx]]
         return out
+
+    def _cell_sums(self, bb: np.ndarray, ss: np.ndarray, jj: np.ndarray, kk: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """One round of `totals`: the iterations from jj that lie in the grid cell where jj falls
+        (all of them in the last cell), summed; and the iteration after them."""
+        last = GRID_POINTS - 2
+        c = ((ss + bb * jj) / self.ds).astype(np.int64)  # int() truncates; contexts are >= 0
+        tail = c >= last  # the last cell extends to infinity
+        c = np.where(tail, last, np.maximum(c, 0))
+        with np.errstate(divide="ignore", invalid="ignore"):  # b = 0 only where k = 0 (ignored)
+            j_end = np.ceil(((c + 1) * self.ds - ss) / bb)
+            j_end = np.where(tail, kk, np.minimum(kk, np.maximum(jj + 1, j_end).astype(np.int64)))
+        n = j_end - jj
+        at = bb * self.slope_arr.shape[1] + c  # one flat index for both tables
+        slope = self.slope_arr.ravel()[at]
+        return n * (self.base_arr.ravel()[at] + slope * ss) + slope * bb * (jj + j_end - 1) * n / 2, j_end
 
     def _bracket(self, b: np.ndarray, s0: np.ndarray, k: np.ndarray, seconds: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray]:

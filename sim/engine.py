@@ -214,10 +214,9 @@ class Fleet:
         parts = [self._rows_of(idx)] if idx else []
         for g in groups:
             offset = len(idx)
-            for i, ei in enumerate(g.engines):
+            for ei, progress, context in zip(g.engines, g.progress.tolist(), g.context.tolist(), strict=True):
                 e = self.engines[ei]
-                e._loading = None
-                e.progress, e.context = int(g.progress[i]), float(g.context[i])
+                e._loading, e.progress, e.context = None, progress, context
             idx.extend(g.engines)
             reprefill.extend((g.count > 0).tolist())
             in_owner, in_sid = g.inbox()
@@ -292,10 +291,6 @@ class Fleet:
         new_owner, new_sid = in_owner[take], in_sid[take]
         head = np.bincount(new_owner, minlength=n)
         rest = np.bincount(in_owner[~take], minlength=n)
-        for e in engines:
-            e.inbox = EMPTY
-        for i in np.flatnonzero(rest).tolist():  # no room for them yet
-            engines[i].inbox = in_sid[~take & (in_owner == i)]
         tokens = np.bincount(new_owner, weights=s.prompt[new_sid], minlength=n)  # integers, exact
         reprefill_end = np.where(reprefill, now + self._prefill(idx, np.where(reprefill, context, 0.0)), np.nan)
         after = np.where(reprefill, reprefill_end, now)
@@ -309,7 +304,7 @@ class Fleet:
         all_joined = np.concatenate((joined, progress[new_owner]))
         is_new = np.zeros(len(all_sid), bool)
         is_new[len(sid):] = True
-        tables = [self.engines[i].decode for i in idx]
+        tables = self._tables(idx)
         flat = plan_flat(all_owner, all_sid, all_fin, all_joined, progress, context1, t0, self._kv[idx], rest > 0,
                          tables, self.exit_tokens)
         is_new = is_new[flat.order]
@@ -325,16 +320,24 @@ class Fleet:
                    prefill_end, running, head, np.ones(n, bool), is_new, rest, idle_end, flat, t0, first_part)
         self.parked = [q for q in self.parked if q.alive.any()] + [p]
         for i, e in enumerate(engines):
-            e._parked, e._slot = p, i
+            e._parked, e._slot, e.inbox = p, i, EMPTY
+        for i in np.flatnonzero(rest).tolist():  # no room for them yet
+            engines[i].inbox = in_sid[~take & (in_owner == i)]
         for i in np.flatnonzero(~idle_end & (np.diff(flat.jumps) > 0)).tolist():  # it decides when it ends
             end = float(flat.ends[flat.jumps[i + 1] - 1])
             timeout_at(self.env, end).callbacks.append(lambda _ev, p=p, i=i: self._ended(p, i))
 
     def _prefill(self, idx: list[int], tokens: np.ndarray) -> np.ndarray:
+        if self._one_prefill is not None:
+            return self._one_prefill.many(tokens)
         curves = [self.engines[i].prefill for i in idx]
-        if all(c is curves[0] for c in curves):
-            return curves[0].many(tokens)
         return np.array([c(t) for c, t in zip(curves, tokens.tolist(), strict=True)])
+
+    def _tables(self, idx: list[int]) -> list[DecodeTable]:
+        """The decode tables of engines idx, for plan_flat and cut_jumps (one for all, if one is)."""
+        if self._one_decode is not None:
+            return [self._one_decode]
+        return [self.engines[i].decode for i in idx]
 
     def _ended(self, p: Parked, i: int) -> None:
         if p.alive[i]:
@@ -406,14 +409,15 @@ class Fleet:
                 e.request_update(version, ready_at)
         if loading:
             # wait in the order the per-engine path would: after what the trainer does this instant
-            self.env.timeout(0).callbacks.append(lambda _ev: self._wait_loads(loading, ready_at))
+            self.env.timeout(0).callbacks.append(lambda _ev: self._wait_loads(loading, request))
 
-    def _wait_loads(self, loading: list[Loading], ready_at: float) -> None:
+    def _wait_loads(self, loading: list[Loading], request: tuple[int, float]) -> None:
+        ready_at = request[1]
         for g in loading:
             when = g.start + (ready_at - g.start)  # where each engine's timeout of the difference would end
             for w in np.unique(when).tolist():
                 part = g if (when == w).all() else g.subset(when == w)
-                timeout_at(self.env, w).callbacks.append(lambda _ev, part=part: self._load_group(part, ready_at))
+                timeout_at(self.env, w).callbacks.append(lambda _ev, part=part: self._load_group(part, request))
 
     def _stop(self, p: Parked, request: tuple[int, float]) -> Loading | None:
         """Stop the parked engines that can at the push (see sim.bulk); returns them, waiting."""
@@ -428,7 +432,7 @@ class Fleet:
         at = flat.jumps[cutting] + j[cutting]  # the jump in progress
         start = np.where(j[cutting] > 0, _before(flat.ends, at), p.t0[cutting])
         b, s0, k = flat.b[at], flat.s[at], flat.k[at]
-        d, rest = cut_jumps(b, s0, k, now - start, [self.engines[p.engines[i]].decode for i in cutting.tolist()])
+        d, rest = cut_jumps(b, s0, k, now - start, self._tables([p.engines[i] for i in cutting.tolist()]))
         stop_at = np.where(rest > 0, now + rest, now)  # as `if rest > 0: yield timeout(rest)` leaves the clock
         finishing = np.where(d == k, flat.done[at], 0)
         ok[cutting] &= ready_at > stop_at  # one still decoding when the weights are in loads on its own
@@ -517,16 +521,15 @@ class Fleet:
         done = which[~(p.reprefill_end[which] > now) & ~(p.prefill_end[which] > now)]
         p.phases_open[done] = False
 
-    def _load_group(self, g: Loading, ready_at: float) -> None:
+    def _load_group(self, g: Loading, request: tuple[int, float]) -> None:
         """`Engine._load_weights` and `_after_load` for engines that waited as arrays."""
         now, s = self.env.now, self.samples
-        version = None
+        version = request[0]
         for ei in g.engines:
             e = self.engines[ei]
-            if e.update is not None and e.update[1] == ready_at:
-                version = e.update[0]
+            if e.update == request:  # a newer request that came in meanwhile stays pending
                 e.update = None
-        assert version is not None
+            e.version = version
         sizes = g.count
         gidx = np.asarray(g.engines)
         self.rec.fleet_intervals(self._names, self._groups, "weight_load", gidx, g.start, np.full(len(gidx), now),
@@ -536,8 +539,6 @@ class Fleet:
         s.generated[g.sid] += tokens
         g.joined = g.progress[g.owner]
         g.version = np.full(len(gidx), version)
-        for ei in g.engines:
-            self.engines[ei].version = version
         self.controller.request_dispatch()
         self.rec.count(int((sizes == 0).sum()))
         self._plan_soon()
@@ -618,6 +619,9 @@ class Fleet:
         self._room = self._kv * (1 - KV_WATERMARK)
         self._reward = np.array([e.reward_seconds for e in es], np.float64)
         self._interruptible = np.array([e.interruptible for e in es], bool)
+        # one decode table and prefill curve for every engine (one kind of engine): no list per call
+        self._one_decode = es[0].decode if es and all(e.decode is es[0].decode for e in es) else None
+        self._one_prefill = es[0].prefill if es and all(e.prefill is es[0].prefill for e in es) else None
 
 
 def _before(values: np.ndarray, at: np.ndarray) -> np.ndarray:
