@@ -65,10 +65,11 @@ def water_fill(n: int, loads: np.ndarray, caps: np.ndarray, keys: np.ndarray, ro
     values = np.unique(keys[:, 1:])
     values = values[np.isfinite(values)]
     rows = np.arange(len(loads))
+    slot_keys = keys[:, 1:]
 
     def slots(upto: float) -> np.ndarray:  # slots per engine whose key is <= upto
-        below = np.array([np.searchsorted(k[1:], upto, "right") for k in keys])  # keys rise with load
-        return np.clip(np.minimum(below[row], caps) - loads, 0, None)
+        below = (slot_keys <= upto).sum(axis=1)  # keys rise with load: a count is a searchsorted
+        return np.maximum(np.minimum(below[row], caps) - loads, 0)
 
     lo, hi = 0, len(values) - 1
     if slots(values[hi]).sum() > n:
@@ -83,9 +84,17 @@ def water_fill(n: int, loads: np.ndarray, caps: np.ndarray, keys: np.ndarray, ro
     first = np.cumsum(take) - take
     level = loads[engine] + np.arange(len(engine)) - np.repeat(first, take)
     # candidates are laid out by (engine, level) already: a stable sort on the key alone gives the
-    # lexsort by (key, engine, level), several times faster
-    order = np.argsort(keys[row[engine], level + 1], kind="stable")
-    return engine[order[:n]]
+    # lexsort by (key, engine, level); on the key's rank among the table's values when they are
+    # few, as 16-bit integers numpy sorts those stably by radix, in one pass
+    key = keys[row[engine], level + 1]
+    return engine[_stable_order(key, values)[:n]]
+
+
+def _stable_order(key: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """np.argsort(key, kind="stable"), for keys drawn from the sorted distinct `values`."""
+    if len(values) < 2**15:
+        return np.argsort(np.searchsorted(values, key).astype(np.int16), kind="stable")
+    return np.argsort(key, kind="stable")
 
 
 class ControllerBase:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -216,13 +217,18 @@ class PrefillCurve:
         if not len(pos):
             return out
         x = np.array(list(map(math.log, tokens[pos].tolist())))
-        xs, ys = np.array(self.log_tokens), np.array(self.log_seconds)
+        xs, ys = self._grid
         j = np.clip(np.searchsorted(xs, x, "right") - 1, 0, len(xs) - 2)
         slope = (ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j])
         y = np.where(xs[j] == x, ys[j], slope * (x - xs[j]) + ys[j])
         y = np.where(x >= xs[-1], ys[-1], np.where(x <= xs[0], ys[0], y))
         out[pos] = list(map(math.exp, y.tolist()))
         return out
+
+    @cached_property
+    def _grid(self) -> tuple[np.ndarray, np.ndarray]:
+        """The log grid as arrays (made once: `many` runs at every fleet-wide prefill)."""
+        return np.array(self.log_tokens), np.array(self.log_seconds)
 
     def _interp(self, x: float) -> float:
         """np.interp(x, log_tokens, log_seconds) for one x, without numpy's per-call overhead:

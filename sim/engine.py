@@ -266,7 +266,8 @@ class Fleet:
         take = np.zeros(len(in_sid), bool)
         if not quiet:
             return ok, take
-        ok &= np.array([self.engines[i].update is None and not self.engines[i].waiting for i in idx])
+        engines = self.engines
+        ok &= np.fromiter((engines[i].update is None and not engines[i].waiting for i in idx), bool, n)
         lens = np.bincount(in_owner, minlength=n)
         running = np.bincount(owner, minlength=n)
         head = np.minimum(lens, np.maximum(0, self._max_batch[idx] - running))
@@ -317,7 +318,8 @@ class Fleet:
         first_part = self.controller.plan_parts(times, flat.sid[done_rows], row_owner[done_rows], rank[done_rows], n)
         idle_end = (n_done == np.diff(flat.rows)) & (rest == 0)
         p = Parked(idx, np.ones(n, bool), version, progress, context, context1, np.full(n, now), reprefill_end,
-                   prefill_end, running, head, np.ones(n, bool), is_new, rest, idle_end, flat, t0, first_part)
+                   prefill_end, running, head, np.ones(n, bool), is_new, rest, idle_end, flat, t0, first_part,
+                   row_owner, rank)
         self.parked = [q for q in self.parked if q.alive.any()] + [p]
         for i, e in enumerate(engines):
             e._parked, e._slot, e.inbox = p, i, EMPTY
@@ -476,8 +478,7 @@ class Fleet:
         context[cutting] += b * d
         finish = np.zeros(n, np.int64)
         finish[cutting] = finishing
-        owner = p.row_owner()
-        rank = np.arange(len(flat.sid)) - flat.rows[owner]
+        owner, rank = p.row_owner, p.row_rank
         gone = chosen[owner] & (rank < n_done[owner] + finish[owner])
         s.credit_many(flat.sid[gone], p.version[owner[gone]], flat.fin[gone] - flat.joined[gone])
         late = gone & (rank >= n_done[owner])  # finished by the iteration in progress: in at its end

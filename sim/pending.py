@@ -33,9 +33,8 @@ class Chunk:
 class Pending:
     def __init__(self) -> None:
         self._times = np.empty(0)  # inf once delivered
-        # per entry: sample id, start version, part, rank in its part (one array: a filing or a
-        # compaction moves each entry once, not once per column)
-        self._cols = np.empty((0, 4), np.int64)
+        # per entry: sample id, start version, part, and rank in its part
+        self._sids = self._versions = self._parts = self._ranks = EMPTY
         self._limit = np.empty(0, np.int64)  # [part]: its entries of rank >= limit are cut
         self._parts_used = 0
         self._delivered = 0  # entries delivered since the last compaction
@@ -55,7 +54,7 @@ class Pending:
     def add(self, times: np.ndarray, sids: np.ndarray, versions: np.ndarray) -> Chunk:
         """One engine's completions: one part."""
         part = self._new_parts(1)
-        self._file(times, np.column_stack((sids, versions, np.full(len(times), part), np.arange(len(times)))))
+        self._file(times, sids, versions, np.full(len(times), part, np.int64), np.arange(len(times)))
         return Chunk(part)
 
     def add_parts(self, times: np.ndarray, sids: np.ndarray, versions: np.ndarray, owner: np.ndarray,
@@ -63,15 +62,19 @@ class Pending:
         """Completions of n engines at once: entry i is number ranks[i] of part owner[i] (0..n-1).
         Returns the first part's id (the others follow)."""
         first = self._new_parts(n)
-        self._file(times, np.column_stack((sids, versions, owner + first, ranks)))
+        self._file(times, sids, versions, owner + first, ranks)
         return first
 
-    def _file(self, times: np.ndarray, cols: np.ndarray) -> None:
+    def _file(self, times: np.ndarray, sids: np.ndarray, versions: np.ndarray, parts: np.ndarray,
+              ranks: np.ndarray) -> None:
         if not len(times):
             return
         self._compact()
         self._times = np.concatenate((self._times, times))
-        self._cols = np.concatenate((self._cols, cols))
+        self._sids = np.concatenate((self._sids, sids))
+        self._versions = np.concatenate((self._versions, versions))
+        self._parts = np.concatenate((self._parts, parts))
+        self._ranks = np.concatenate((self._ranks, ranks))
         self._live = None
         self._next = min(self._next, float(times.min()))
 
@@ -93,13 +96,14 @@ class Pending:
         """Drop delivered and cut entries once they are a good part of the pool."""
         if not (2 * self._delivered > len(self._times) or self._cuts > 32):
             return
-        keep = (self._times < np.inf) & self._valid(self._cols)
-        self._times, self._cols = self._times[keep], self._cols[keep]
+        keep = (self._times < np.inf) & self._valid(self._parts, self._ranks)
+        self._times, self._sids, self._versions = self._times[keep], self._sids[keep], self._versions[keep]
+        self._parts, self._ranks = self._parts[keep], self._ranks[keep]
         self._delivered, self._cuts = 0, 0
 
-    def _valid(self, cols: np.ndarray) -> np.ndarray:
-        """Entries not cut off."""
-        return cols[:, 3] < self._limit[cols[:, 2]]
+    def _valid(self, parts: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+        """Which of these entries are not cut off."""
+        return ranks < self._limit[parts]
 
     def due(self, now: float) -> tuple[np.ndarray, np.ndarray]:
         """Take out the completions at or before `now`: (sample ids, start versions), in no order."""
@@ -110,16 +114,15 @@ class Pending:
         self._delivered += len(hit)
         self._next = float(self._times.min())
         self._live = None
-        cols = self._cols[hit]
-        valid = self._valid(cols)
+        valid = self._valid(self._parts[hit], self._ranks[hit])
         if not valid.all():
-            cols = cols[valid]
-        return cols[:, 0], cols[:, 1]
+            hit = hit[valid]
+        return self._sids[hit], self._versions[hit]
 
     def _remaining(self) -> tuple[np.ndarray, np.ndarray]:
         if self._live is None:
-            live = (self._times < np.inf) & self._valid(self._cols)
-            self._live = (self._times[live], self._cols[live, 1])
+            live = (self._times < np.inf) & self._valid(self._parts, self._ranks)
+            self._live = (self._times[live], self._versions[live])
         return self._live
 
     def kth_time(self, need: dict[int, int]) -> float:
