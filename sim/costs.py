@@ -32,13 +32,16 @@ class DecodeTable:
     slope_arr: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        slopes = tuple(tuple((row[c + 1] - row[c]) / self.ds for c in range(len(row) - 1)) for row in self.rows)
-        bases = tuple(tuple(row[c] - sl[c] * c * self.ds for c in range(len(row) - 1))
-                      for row, sl in zip(self.rows, slopes, strict=True))
-        object.__setattr__(self, "slope", slopes)
-        object.__setattr__(self, "base", bases)
-        object.__setattr__(self, "base_arr", np.array(bases))
-        object.__setattr__(self, "slope_arr", np.array(slopes))
+        # element-wise IEEE arithmetic in the scalar formulas' order, so the same bits as Python floats:
+        # slope = (t[c+1] - t[c]) / ds, base = t[c] - slope * c * ds
+        rows = np.array(self.rows, np.float64).reshape(len(self.rows), -1)
+        cells = np.arange(rows.shape[1] - 1)
+        slope_arr = (rows[:, 1:] - rows[:, :-1]) / self.ds
+        base_arr = rows[:, :-1] - slope_arr * cells * self.ds
+        object.__setattr__(self, "slope", tuple(map(tuple, slope_arr.tolist())))
+        object.__setattr__(self, "base", tuple(map(tuple, base_arr.tolist())))
+        object.__setattr__(self, "base_arr", base_arr)
+        object.__setattr__(self, "slope_arr", slope_arr)
 
     @classmethod
     def build(
@@ -48,7 +51,7 @@ class DecodeTable:
         b = np.arange(0, max_batch + 1)[:, None]
         s = (np.arange(GRID_POINTS) * ds)[None, :]
         secs = cm.decode(gpu, model, tp, np.maximum(b, 1), s / np.maximum(b, 1)).seconds
-        return cls(ds, tuple(tuple(float(x) for x in row) for row in secs))
+        return cls(ds, tuple(map(tuple, np.asarray(secs, np.float64).tolist())))
 
     def total(self, b: int, s0: float, k: int) -> float:
         """Seconds of k iterations starting at total context s0: sum_{j<k} t(b, s0 + b j)."""
@@ -78,34 +81,39 @@ class DecodeTable:
         Round r adds every jump's r-th grid cell, so each jump's sum is built in the scalar order;
         most jumps lie in one cell (a cell spans kv/63 tokens of context) and drop out after round 0.
         """
-        b, s0, k = np.asarray(b), np.asarray(s0, np.float64), np.asarray(k, np.int64)
+        b, s0, k = np.asarray(b, np.int64), np.asarray(s0, np.float64), np.asarray(k, np.int64)
+        bf = b.astype(np.float64)  # exact: numpy casts b to float in every mixed operation anyway
         # round 0 over every jump without gathers (j = 0; a jump with k = 0 sums nothing)
-        out, j_end = self._cell_sums(b, s0, np.zeros(len(k), np.int64), k)
+        out, j_end = self._cell_sums(b, bf, s0, None, k)
         out[k <= 0] = 0.0
         idx = np.flatnonzero(j_end < k)
         j = j_end
         while len(idx):
-            part, ends = self._cell_sums(b[idx], s0[idx], j[idx], k[idx])
+            part, ends = self._cell_sums(b[idx], bf[idx], s0[idx], j[idx], k[idx])
             out[idx] += part
             j[idx] = ends
             idx = idx[ends < k[idx]]
         return out
 
-    def _cell_sums(self, bb: np.ndarray, ss: np.ndarray, jj: np.ndarray, kk: np.ndarray
+    def _cell_sums(self, bb: np.ndarray, bf: np.ndarray, ss: np.ndarray, jj: np.ndarray | None, kk: np.ndarray
                    ) -> tuple[np.ndarray, np.ndarray]:
-        """One round of `totals`: the iterations from jj that lie in the grid cell where jj falls
-        (all of them in the last cell), summed; and the iteration after them."""
+        """One round of `totals`: the iterations from jj (None: 0) that lie in the grid cell where jj
+        falls (all of them in the last cell), summed; and the iteration after them. Integers are
+        cast to float where the scalar formula mixes them with floats, once (the same values)."""
         last = GRID_POINTS - 2
-        c = ((ss + bb * jj) / self.ds).astype(np.int64)  # int() truncates; contexts are >= 0
+        # int() truncates; contexts are >= 0 (and s0 + b * 0 is s0)
+        c = ((ss if jj is None else ss + bb * jj) / self.ds).astype(np.int64)
         tail = c >= last  # the last cell extends to infinity
-        c = np.where(tail, last, np.maximum(c, 0))
+        c = np.clip(c, 0, last)
+        first = 1 if jj is None else jj + 1
         with np.errstate(divide="ignore", invalid="ignore"):  # b = 0 only where k = 0 (ignored)
-            j_end = np.ceil(((c + 1) * self.ds - ss) / bb)
-            j_end = np.where(tail, kk, np.minimum(kk, np.maximum(jj + 1, j_end).astype(np.int64)))
-        n = j_end - jj
+            j_end = np.ceil(((c + 1) * self.ds - ss) / bf)
+            j_end = np.where(tail, kk, np.minimum(kk, np.maximum(first, j_end).astype(np.int64)))
+        n = (j_end if jj is None else j_end - jj).astype(np.float64)
+        pairs = (j_end - 1 if jj is None else jj + j_end - 1).astype(np.float64)
         at = bb * self.slope_arr.shape[1] + c  # one flat index for both tables
         slope = self.slope_arr.ravel()[at]
-        return n * (self.base_arr.ravel()[at] + slope * ss) + slope * bb * (jj + j_end - 1) * n / 2, j_end
+        return n * (self.base_arr.ravel()[at] + slope * ss) + slope * bf * pairs * n / 2, j_end
 
     def _bracket(self, b: np.ndarray, s0: np.ndarray, k: np.ndarray, seconds: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray]:
