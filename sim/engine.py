@@ -204,11 +204,13 @@ class Fleet:
         rest: list[tuple[Engine, bool, simpy.Event]] = []
         idx: list[int] = []
         reprefill: list[bool] = []
+        free: list[bool] = []  # no update pending, nothing preempted waiting
         for e, rp, event in asking:
             if quiet and e.update is None and not e.waiting:
                 e._park, e._loading = event, None
                 idx.append(e.index)
                 reprefill.append(rp)
+                free.append(True)
             else:
                 rest.append((e, rp, event))
         parts = [self._rows_of(idx)] if idx else []
@@ -217,6 +219,7 @@ class Fleet:
             for ei, progress, context in zip(g.engines, g.progress.tolist(), g.context.tolist(), strict=True):
                 e = self.engines[ei]
                 e._loading, e.progress, e.context = None, progress, context
+                free.append(e.update is None and not e.waiting)
             idx.extend(g.engines)
             reprefill.extend((g.count > 0).tolist())
             in_owner, in_sid = g.inbox()
@@ -226,7 +229,7 @@ class Fleet:
             return rest
         owner, sid, fin, joined, progress, context, version, in_owner, in_sid = (
             np.concatenate(c) for c in zip(*parts, strict=True))
-        ok, take = self._admissible(idx, owner, context, quiet, in_owner, in_sid)
+        ok, take = self._admissible(idx, owner, context, np.array(free, bool) if quiet else False, in_owner, in_sid)
         if not ok.all():  # those engines plan one by one, from their own state
             for i in np.flatnonzero(~ok).tolist():
                 e = self.engines[idx[i]]
@@ -257,17 +260,16 @@ class Fleet:
                 np.array([e.context for e in engines], np.float64), np.array([e.version for e in engines], np.int64),
                 in_owner, np.concatenate([e.inbox for e in engines]).astype(np.int64))
 
-    def _admissible(self, idx: list[int], owner: np.ndarray, context: np.ndarray, quiet: bool, in_owner: np.ndarray,
-                    in_sid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _admissible(self, idx: list[int], owner: np.ndarray, context: np.ndarray, free: np.ndarray | bool,
+                    in_owner: np.ndarray, in_sid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Engines that admit the head of their inbox whole (vLLM would admit each of them), and
-        which inbox entries are those heads."""
+        which inbox entries are those heads. `free`: quiet, and per engine nothing pending (False:
+        not quiet, none is)."""
         n = len(idx)
-        ok = np.full(n, quiet)
         take = np.zeros(len(in_sid), bool)
-        if not quiet:
-            return ok, take
-        engines = self.engines
-        ok &= np.fromiter((engines[i].update is None and not engines[i].waiting for i in idx), bool, n)
+        if free is False:
+            return np.zeros(n, bool), take
+        ok = np.array(free, bool)
         lens = np.bincount(in_owner, minlength=n)
         running = np.bincount(owner, minlength=n)
         head = np.minimum(lens, np.maximum(0, self._max_batch[idx] - running))
@@ -293,10 +295,12 @@ class Fleet:
         head = np.bincount(new_owner, minlength=n)
         rest = np.bincount(in_owner[~take], minlength=n)
         tokens = np.bincount(new_owner, weights=s.prompt[new_sid], minlength=n)  # integers, exact
-        reprefill_end = np.where(reprefill, now + self._prefill(idx, np.where(reprefill, context, 0.0)), np.nan)
+        # both prefills' seconds in one pass: the KV re-prefill of what runs, then the new prompts
+        secs = self._prefill(idx + idx, np.concatenate((np.where(reprefill, context, 0.0), tokens)))
+        reprefill_end = np.where(reprefill, now + secs[:n], np.nan)
         after = np.where(reprefill, reprefill_end, now)
         has_new = head > 0
-        prefill_end = np.where(has_new, after + self._prefill(idx, tokens), np.nan)
+        prefill_end = np.where(has_new, after + secs[n:], np.nan)
         t0 = np.where(has_new, prefill_end, after)
         context1 = context + tokens
         all_owner = np.concatenate((owner, new_owner))
