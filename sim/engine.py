@@ -463,8 +463,9 @@ class Fleet:
         p.alive[stop] = False
         gidx = np.asarray(p.engines)
         # jumps that have ended: recorded, their completions credited
-        jr = np.arange(len(flat.je)) - flat.jumps[flat.je]
-        ended_jumps = chosen[flat.je] & (jr < jcount[flat.je])
+        # engine e's jumps are jumps[e]:jumps[e + 1], so its first jcount[e] end before jumps[e] + jcount[e]
+        ended_before = flat.jumps[:-1] + np.where(chosen, jcount, 0)
+        ended_jumps = np.arange(len(flat.je)) < ended_before[flat.je]
         je = flat.je[ended_jumps]
         rec.fleet_intervals(self._names, self._groups, "decode", gidx[je], flat.starts[ended_jumps],
                             flat.ends[ended_jumps], p.version[je], flat.b[ended_jumps])
