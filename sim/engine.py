@@ -34,6 +34,7 @@ from sim.recorder import Recorder
 from sim.samples import Samples
 
 KV_WATERMARK = 0.01  # vLLM's block-manager watermark
+OWN, PARKED, LOADING = 0, 1, 2  # where an engine's state lives (Fleet._where)
 EMPTY = np.empty(0, np.int64)
 
 
@@ -90,12 +91,35 @@ class Fleet:
         self.parked: list[Parked] = []
         self._names: list[str] = []
         self._groups: list[str] = []
+        # per engine, the state the fleet moves as arrays (Engine's properties read and write it):
+        # where it is (OWN: its process; PARKED, LOADING: in `_home[i]`, at `_slot[i]`), its pending
+        # update (version, -1 for none, and when the weights are in), and its weights' version
+        self._where = np.zeros(0, np.int8)
+        self._home = np.empty(0, object)
+        self._slot = np.zeros(0, np.int64)
+        self._upd_v = np.zeros(0, np.int64)
+        self._upd_t = np.zeros(0)
+        self._ver = np.zeros(0, np.int64)
 
     def add(self, engine: Engine) -> int:
+        i = len(self.engines)
+        if i == len(self._where):  # room for twice as many
+            n = max(64, 2 * i)
+            self._where = np.concatenate((self._where, np.full(n - i, OWN, np.int8)))
+            self._home = np.concatenate((self._home, np.full(n - i, None, object)))
+            self._slot, self._ver = (np.concatenate((a, np.zeros(n - i, np.int64))) for a in (self._slot, self._ver))
+            self._upd_v = np.concatenate((self._upd_v, np.full(n - i, -1, np.int64)))
+            self._upd_t = np.concatenate((self._upd_t, np.zeros(n - i)))
         self.engines.append(engine)
         self._names.append(engine.name)
         self._groups.append(engine.group)
-        return len(self.engines) - 1
+        return i
+
+    def _place(self, idx: list[int] | np.ndarray, where: int, home: Parked | Loading | None) -> None:
+        """Engines idx (in this order: slots 0, 1, ...) now live in `home` (or their own process)."""
+        self._where[idx] = where
+        self._home[idx] = home
+        self._slot[idx] = np.arange(len(idx))
 
     def ask(self, engine: Engine, reprefill: bool, event: simpy.Event | None = None) -> simpy.Event:
         """An event that carries the engine's Segment once planned (`event`, or a new one)."""
@@ -214,12 +238,16 @@ class Fleet:
             else:
                 rest.append((e, rp, event))
         parts = [self._rows_of(idx)] if idx else []
+        for i in idx:  # their inbox is in the arrays now (those that plan alone get theirs back)
+            self.engines[i].inbox = EMPTY
         for g in groups:
             offset = len(idx)
-            for ei, progress, context in zip(g.engines, g.progress.tolist(), g.context.tolist(), strict=True):
-                e = self.engines[ei]
-                e._loading, e.progress, e.context = None, progress, context
-                free.append(e.update is None and not e.waiting)
+            # they come back from the arrays (those that plan alone get their state back below).
+            # Nothing was preempted waiting on them when they parked, and nothing can have joined
+            # their queues since (their process slept; the router sends them work as arrays): an
+            # update that came in meanwhile is all that can keep them from parking again
+            self._place(g.engines, OWN, None)
+            free.extend((self._upd_v[g.engines] < 0).tolist())
             idx.extend(g.engines)
             reprefill.extend((g.count > 0).tolist())
             in_owner, in_sid = g.inbox()
@@ -233,6 +261,7 @@ class Fleet:
         if not ok.all():  # those engines plan one by one, from their own state
             for i in np.flatnonzero(~ok).tolist():
                 e = self.engines[idx[i]]
+                e.progress, e.context = int(progress[i]), float(context[i])
                 rows = owner == i
                 e.batch = Batch(sid[rows], fin[rows], joined[rows])
                 e.inbox = in_sid[in_owner == i]
@@ -325,8 +354,7 @@ class Fleet:
                    prefill_end, running, head, np.ones(n, bool), is_new, rest, idle_end, flat, t0, first_part,
                    row_owner, rank)
         self.parked = [q for q in self.parked if q.alive.any()] + [p]
-        for i, e in enumerate(engines):
-            e._parked, e._slot, e.inbox = p, i, EMPTY
+        self._place(idx, PARKED, p)
         for i in np.flatnonzero(rest).tolist():  # no room for them yet
             engines[i].inbox = in_sid[~take & (in_owner == i)]
         for i in np.flatnonzero(~idle_end & (np.diff(flat.jumps) > 0)).tolist():  # it decides when it ends
@@ -408,11 +436,10 @@ class Fleet:
         request = (version, ready_at)
         loading = [g for p in self.parked if p.alive.any() for g in [self._stop(p, request)] if g is not None]
         self.parked = [p for p in self.parked if p.alive.any()]
-        for e in self.engines:
-            if e._loading is not None:
-                e.update = request
-            else:
-                e.request_update(version, ready_at)
+        waits = self._where[:len(self.engines)] == LOADING  # they only note it: their weights are on the way
+        self._upd_v[:len(waits)][waits], self._upd_t[:len(waits)][waits] = version, ready_at
+        for i in np.flatnonzero(~waits).tolist():
+            self.engines[i].request_update(version, ready_at)
         if loading:
             # wait in the order the per-engine path would: after what the trainer does this instant
             self.env.timeout(0).callbacks.append(lambda _ev: self._wait_loads(loading, request))
@@ -502,9 +529,7 @@ class Fleet:
         g = Loading([p.engines[i] for i in keep.tolist()], p.version[keep], progress[keep], context[keep],
                     waiting_since[keep], renumber[owner[stays]], flat.sid[stays], flat.fin[stays], flat.joined[stays],
                     np.bincount(owner[stays], minlength=n)[keep])
-        for i, ei in enumerate(g.engines):
-            e = self.engines[ei]
-            e._parked, e._loading, e._slot = None, g, i
+        self._place(g.engines, LOADING, g)
         return g
 
     def _record_phases(self, p: Parked, which: np.ndarray, now: float, final: bool = False) -> None:
@@ -531,11 +556,10 @@ class Fleet:
         """`Engine._load_weights` and `_after_load` for engines that waited as arrays."""
         now, s = self.env.now, self.samples
         version = request[0]
-        for ei in g.engines:
-            e = self.engines[ei]
-            if e.update == request:  # a newer request that came in meanwhile stays pending
-                e.update = None
-            e.version = version
+        gidx = np.asarray(g.engines)
+        mine = (self._upd_v[gidx] == version) & (self._upd_t[gidx] == request[1])
+        self._upd_v[gidx[mine]] = -1  # a newer request that came in meanwhile stays pending
+        self._ver[gidx] = version
         sizes = g.count
         gidx = np.asarray(g.engines)
         self.rec.fleet_intervals(self._names, self._groups, "weight_load", gidx, g.start, np.full(len(gidx), now),
@@ -558,7 +582,8 @@ class Fleet:
 
     def router_view(self, version: int) -> tuple[np.ndarray, np.ndarray]:
         """Controller.dispatch's view of every engine at once: accepting, and its load."""
-        acc = np.fromiter((e.update is None and e.version == version for e in self.engines), bool, len(self.engines))
+        n = len(self.engines)
+        acc = (self._upd_v[:n] < 0) & (self._ver[:n] == version)
         loads = np.zeros(len(self.engines), np.int64)
         member = np.zeros(len(self.engines), bool)
         for g in self._to_plan:
@@ -648,6 +673,7 @@ class Engine:
         self.samples: Samples = controller.samples
         self.interruptible = interruptible
         self.mean_iteration_s = mean_iteration_s
+        self.index = fleet.add(self)  # its version, update and parking live in the fleet's arrays
         self.version = 0
         self.progress = 0  # decode iterations run so far
         self.context = 0.0  # total tokens held in the KV cache by running samples
@@ -661,13 +687,60 @@ class Engine:
         self._interrupted = False  # an interrupt is on its way to the plan in progress
         # parked with the fleet (sim.bulk): its state lives in the fleet's arrays meanwhile, and its
         # process waits on `_park` until the fleet hands it back
-        self._parked: Parked | None = None
-        self._loading: Loading | None = None
-        self._slot = 0  # its index in those arrays
         self._park: simpy.Event | None = None
-        self.index = fleet.add(self)
         controller.engines.append(self)
         self.proc = env.process(self.run())
+
+    # ---- state kept in the fleet's arrays (so that it moves many engines at once) --------------
+    @property
+    def version(self) -> int:
+        """The policy version of the weights it runs."""
+        return int(self.fleet._ver[self.index])
+
+    @version.setter
+    def version(self, version: int) -> None:
+        self.fleet._ver[self.index] = version
+
+    @property
+    def update(self) -> tuple[int, float] | None:
+        """A pending weight update: (version, time the new weights are in), or None."""
+        v = self.fleet._upd_v[self.index]
+        return None if v < 0 else (int(v), float(self.fleet._upd_t[self.index]))
+
+    @update.setter
+    def update(self, request: tuple[int, float] | None) -> None:
+        if request is None:
+            self.fleet._upd_v[self.index] = -1
+        else:
+            self.fleet._upd_v[self.index], self.fleet._upd_t[self.index] = request
+
+    @property
+    def _parked(self) -> Parked | None:
+        """Parked with the fleet (sim.bulk): its state lives in the fleet's arrays meanwhile, and its
+        process waits on `_park` until the fleet hands it back."""
+        return self.fleet._home[self.index] if self.fleet._where[self.index] == PARKED else None
+
+    @_parked.setter
+    def _parked(self, parked: Parked | None) -> None:
+        assert parked is None, "the fleet parks engines (Fleet._place)"
+        if self.fleet._where[self.index] == PARKED:
+            self.fleet._place([self.index], OWN, None)
+
+    @property
+    def _loading(self) -> Loading | None:
+        """Stopped with the fleet for a weight push: waiting for (or just given) the weights as arrays."""
+        return self.fleet._home[self.index] if self.fleet._where[self.index] == LOADING else None
+
+    @_loading.setter
+    def _loading(self, loading: Loading | None) -> None:
+        assert loading is None, "the fleet stops engines (Fleet._place)"
+        if self.fleet._where[self.index] == LOADING:
+            self.fleet._place([self.index], OWN, None)
+
+    @property
+    def _slot(self) -> int:
+        """Its index in the arrays of its Parked or Loading."""
+        return int(self.fleet._slot[self.index])
 
     # ---- the router's view (sim.controller.Worker) ------------------------------------------
     def accepting(self, version: int) -> bool:
