@@ -52,6 +52,7 @@ class Samples:
                                    for c, v in zip(self._credit_sids, self._credit_versions, strict=True)])
         step = self.trained_step[sids]
         trained = (step >= 0) & (tokens > 0)
-        lag = step[trained] - versions[trained]
-        totals = np.bincount(lag, weights=tokens[trained]) if len(lag) else np.zeros(0)
+        # untrained credits add 0 tokens to lag 0 (a no-op on any sum): cheaper than compressing
+        lag = np.where(trained, step - versions, 0)
+        totals = np.bincount(lag, weights=np.where(trained, tokens, 0))
         return Counter({int(k): int(v) for k, v in enumerate(totals) if v > 0})
