@@ -318,7 +318,6 @@ class Fleet:
         their completions, and park them until the next push or until one needs to decide."""
         now, s = self.env.now, self.samples
         n = len(idx)
-        engines = [self.engines[i] for i in idx]
         running = np.bincount(owner, minlength=n)
         new_owner, new_sid = in_owner[take], in_sid[take]
         head = np.bincount(new_owner, minlength=n)
@@ -356,7 +355,7 @@ class Fleet:
         self.parked = [q for q in self.parked if q.alive.any()] + [p]
         self._place(idx, PARKED, p)
         for i in np.flatnonzero(rest).tolist():  # no room for them yet
-            engines[i].inbox = in_sid[~take & (in_owner == i)]
+            self.engines[idx[i]].inbox = in_sid[~take & (in_owner == i)]
         for i in np.flatnonzero(~idle_end & (np.diff(flat.jumps) > 0)).tolist():  # it decides when it ends
             end = float(flat.ends[flat.jumps[i + 1] - 1])
             timeout_at(self.env, end).callbacks.append(lambda _ev, p=p, i=i: self._ended(p, i))

@@ -32,9 +32,12 @@ class Chunk:
 
 class Pending:
     def __init__(self) -> None:
-        self._times = np.empty(0)  # inf once delivered
-        # per entry: sample id, start version, part, and rank in its part
-        self._sids = self._versions = self._parts = self._ranks = EMPTY
+        # the pool: the first `_n` entries of buffers with room to grow (a filing writes its entries
+        # after them, not a copy of the whole pool); `_times` and the others are views of them.
+        # Per entry: when (inf once delivered), sample id, start version, part, rank in its part
+        self._n = 0
+        self._buffers = (np.empty(0), EMPTY, EMPTY, EMPTY, EMPTY)
+        self._view()
         self._limit = np.empty(0, np.int64)  # [part]: its entries of rank >= limit are cut
         self._parts_used = 0
         self._delivered = 0  # entries delivered since the last compaction
@@ -70,11 +73,17 @@ class Pending:
         if not len(times):
             return
         self._compact()
-        self._times = np.concatenate((self._times, times))
-        self._sids = np.concatenate((self._sids, sids))
-        self._versions = np.concatenate((self._versions, versions))
-        self._parts = np.concatenate((self._parts, parts))
-        self._ranks = np.concatenate((self._ranks, ranks))
+        n, k = self._n, len(times)
+        if n + k > len(self._buffers[0]):  # twice the room
+            room = max(2 * len(self._buffers[0]), n + k, 1024)
+            grown = tuple(np.empty(room, b.dtype) for b in self._buffers)
+            for old, new in zip(self._buffers, grown, strict=True):
+                new[:n] = old[:n]
+            self._buffers = grown
+        for buffer, column in zip(self._buffers, (times, sids, versions, parts, ranks), strict=True):
+            buffer[n:n + k] = column
+        self._n = n + k
+        self._view()
         self._live = None
         self._next = min(self._next, float(times.min()))
 
@@ -97,9 +106,20 @@ class Pending:
         if not (2 * self._delivered > len(self._times) or self._cuts > 32):
             return
         keep = (self._times < np.inf) & self._valid(self._parts, self._ranks)
-        self._times, self._sids, self._versions = self._times[keep], self._sids[keep], self._versions[keep]
-        self._parts, self._ranks = self._parts[keep], self._ranks[keep]
+        m = int(keep.sum())
+        for buffer, column in zip(self._buffers, self._columns(), strict=True):
+            buffer[:m] = column[keep]  # a copy first, then written back in place
+        self._n = m
+        self._view()
         self._delivered, self._cuts = 0, 0
+
+    def _columns(self) -> tuple[np.ndarray, ...]:
+        return self._times, self._sids, self._versions, self._parts, self._ranks
+
+    def _view(self) -> None:
+        """Point the column names at the pool's entries."""
+        n = self._n
+        self._times, self._sids, self._versions, self._parts, self._ranks = (b[:n] for b in self._buffers)
 
     def _valid(self, parts: np.ndarray, ranks: np.ndarray) -> np.ndarray:
         """Which of these entries are not cut off."""
