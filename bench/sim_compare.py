@@ -7,11 +7,16 @@ strings exactly, floats to a relative 1e-9. Usage:
 
     git archive main | tar -x -C /tmp/base
     python bench/sim_compare.py /tmp/base   # or a pickle that `--run FILE` saved in the base tree
+
+With --speed N it times instead: bench/sim_speed.py's 50-step plan in the two trees, one process
+after the other, N rounds of three runs each, and prints each tree's best and median wall and CPU
+seconds (a shared machine's load drifts: alternating keeps the comparison fair).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import pickle
@@ -120,15 +125,54 @@ def results_of(tree: Path) -> dict[str, Any]:
         return pickle.load(f)
 
 
+TIMING = """
+import json, sys, time
+from bench.sim_speed import CLUSTER, PLAN, WORKLOAD
+from sim import simulate
+from traces import CostModel
+runs = []
+for _ in range(3):
+    t0, c0 = time.perf_counter(), time.process_time()
+    r = simulate(CLUSTER, WORKLOAD, PLAN, CostModel.roofline_only(), steps=50, seed=0, record_queue=False)
+    runs.append((time.perf_counter() - t0, time.process_time() - c0, r.sim_seconds, r.events))
+print(json.dumps(runs))
+"""
+
+
+def speed(trees: dict[str, Path], rounds: int) -> None:
+    """Time the bench plan in each tree, alternating processes, and print best and median figures."""
+    runs: dict[str, list[tuple[float, float, float, int]]] = {name: [] for name in trees}
+    for r in range(rounds):
+        for name in (list(trees) if r % 2 == 0 else list(trees)[::-1]):
+            env = {**os.environ, "PYTHONPATH": str(trees[name])}
+            out = subprocess.run([sys.executable, "-c", TIMING], check=True, env=env, cwd=trees[name],
+                                 capture_output=True, text=True).stdout
+            runs[name] += [tuple(x) for x in json.loads(out)]  # type: ignore[misc]
+    for name, rs in runs.items():
+        walls, cpus = sorted(x[0] for x in rs), sorted(x[1] for x in rs)
+        sim_s, events = rs[0][2], rs[0][3]
+        mid = len(rs) // 2
+        wall = f"wall best {walls[0]:.3f} s median {walls[mid]:.3f} s"
+        cpu = f"cpu best {cpus[0]:.3f} s median {cpus[mid]:.3f} s"
+        rates = (f"{sim_s / walls[0]:,.0f} (median {sim_s / walls[mid]:,.0f}) simulated s per wall s, "
+                 f"{sim_s / cpus[0]:,.0f} (median {sim_s / cpus[mid]:,.0f}) per cpu s, "
+                 f"{events / walls[mid]:,.0f} events per wall s (median)")
+        print(f"{name:5s} {len(rs)} runs: {wall}, {cpu}; {sim_s:,.0f} simulated s, {events} events: {rates}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("base", nargs="?", help="the other tree (e.g. main exported with git archive)")
     ap.add_argument("--run", help=argparse.SUPPRESS)
+    ap.add_argument("--speed", type=int, metavar="ROUNDS", help="time the bench plan in both trees instead")
     args = ap.parse_args()
     if args.run:
         run_all(args.run)
         return
     here = Path(__file__).resolve().parent.parent
+    if args.speed:
+        speed({"base": Path(args.base), "new": here}, args.speed)
+        return
     base, new = results_of(Path(args.base)), results_of(here)
     bad = 0
     for name in base:

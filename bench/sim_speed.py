@@ -4,7 +4,9 @@ Prints wall time, events/s and simulated seconds per wall second for 50 steps of
 (512 prompts x 16 samples, lengths long-tailed up to 16k) on 256 H800 trainer GPUs + 768 H20
 engines; then runs the same plan in the token-level reference mode and the fast path side by
 side for a short horizon and prints the speed-up (the token-level mode at 50 steps would take
-hours). Usage: python bench/sim_speed.py [--steps 50] [--ref-steps 1]
+hours). The machine this runs on is shared: --repeat N runs the fast path N times and prints the
+best and the median, wall and CPU (bench/sim_compare.py --speed alternates two trees).
+Usage: python bench/sim_speed.py [--steps 50] [--ref-steps 1] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -42,12 +44,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--ref-steps", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=3, help="fast-path runs (best and median reported)")
     args = ap.parse_args()
     print(f"plan: {PLAN.total_gpus} GPUs ({PLAN.rollout[0].instances} H20 engines, H800 trainer dp"
           f"{PLAN.trainer.dp}), {WORKLOAD.samples_per_step} samples/step, responses up to 16k")
-    wall, sim_s, events, cpu = timed(args.steps, token_level=False)
-    print(f"fast path, {args.steps} steps: wall {wall:.2f} s (cpu {cpu:.2f} s), {events} events "
-          f"({events / wall:,.0f}/s), {sim_s:,.0f} simulated s = {sim_s / wall:,.0f} simulated s per wall s")
+    runs = [timed(args.steps, token_level=False) for _ in range(max(1, args.repeat))]
+    _, sim_s, events, _ = runs[0]  # the same in every run (seeded)
+    walls, cpus = sorted(r[0] for r in runs), sorted(r[3] for r in runs)
+    for label, i in (("best", 0), ("median", len(runs) // 2)):
+        wall, cpu = walls[i], cpus[i]
+        print(f"fast path, {args.steps} steps, {label} of {len(runs)}: wall {wall:.2f} s (cpu {cpu:.2f} s), {events} "
+              f"events ({events / wall:,.0f}/s), {sim_s:,.0f} simulated s = {sim_s / wall:,.0f} simulated s per wall s "
+              f"({sim_s / cpu:,.0f} per cpu s)")
     fast_wall, fast_sim, fast_events, _ = timed(args.ref_steps, token_level=False)
     ref_wall, ref_sim, ref_events, _ = timed(args.ref_steps, token_level=True)
     assert abs(fast_sim - ref_sim) <= 1e-6 * ref_sim, (fast_sim, ref_sim)

@@ -54,36 +54,51 @@ class Router(Protocol):
     def assign(self, engine: np.ndarray, sids: np.ndarray) -> None: ...
 
 
-def water_fill(n: int, loads: np.ndarray, caps: np.ndarray, keys: np.ndarray, row: np.ndarray) -> np.ndarray:
+def key_table(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What `water_fill` needs of a key table, worked out once per table: the distinct finite slot
+    keys (sorted), each key's rank among them (len for inf), and below[r, v]: the slots of kind r
+    whose key is <= values[v] (a searchsorted per row: keys rise with load)."""
+    values = np.unique(keys[:, 1:])
+    values = values[np.isfinite(values)]
+    rank = np.searchsorted(values, keys)
+    below = np.array([np.searchsorted(k[1:], values, "right") for k in keys]).reshape(len(keys), len(values))
+    return values, rank, below
+
+
+def water_fill(n: int, loads: np.ndarray, caps: np.ndarray, keys: np.ndarray, row: np.ndarray,
+               table: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Engine (index into loads) of each of n samples routed in turn to the smallest
     (keys[row[e], load + 1], e, load): keys[r, b] is an iteration with b running, shared by engines of a kind.
 
     Each engine's keys must not decrease with load: its candidate slots then come out of the
     one-at-a-time heap in sorted order, so the heap's first n picks are the n smallest candidates.
     A bisection on the key finds how many slots each engine gets; only those are sorted.
+    `table` is key_table(keys), if the caller keeps it.
     """
-    values = np.unique(keys[:, 1:])
-    values = values[np.isfinite(values)]
+    values, rank, below = table if table is not None else key_table(keys)
     rows = np.arange(len(loads))
 
-    def slots(upto: float) -> np.ndarray:  # slots per engine whose key is <= upto
-        below = np.array([np.searchsorted(k[1:], upto, "right") for k in keys])  # keys rise with load
-        return np.clip(np.minimum(below[row], caps) - loads, 0, None)
+    def slots(v: int) -> np.ndarray:  # slots per engine whose key is <= values[v]
+        return np.maximum(np.minimum(below[row, v], caps) - loads, 0)
 
     lo, hi = 0, len(values) - 1
-    if slots(values[hi]).sum() > n:
+    if slots(hi).sum() > n:
         while lo < hi:  # smallest key value whose slots cover n
             mid = (lo + hi) // 2
-            if slots(values[mid]).sum() >= n:
+            if slots(mid).sum() >= n:
                 hi = mid
             else:
                 lo = mid + 1
-    take = slots(values[hi])
+    take = slots(hi)
     engine = np.repeat(rows, take)
     first = np.cumsum(take) - take
     level = loads[engine] + np.arange(len(engine)) - np.repeat(first, take)
-    order = np.lexsort((level, engine, keys[row[engine], level + 1]))
-    return engine[order[:n]]
+    # candidates are laid out by (engine, level) already: a stable sort on the key alone gives the
+    # lexsort by (key, engine, level); sorting the key's rank among the values gives the same order,
+    # and as 16-bit integers (when they are that few) numpy sorts those stably by radix, in one pass
+    key_rank = rank[row[engine], level + 1]
+    small = key_rank.astype(np.int16) if len(values) < 2**15 else key_rank
+    return engine[np.argsort(small, kind="stable")[:n]]
 
 
 class ControllerBase:
@@ -139,6 +154,7 @@ class Controller(ControllerBase):
         self._timer = 0  # generation of the trainer's wake-up timer: a newer one voids older ones
         self._retime_pending = False
         self._keys: tuple[np.ndarray, np.ndarray] | None = None  # router: see _router_keys
+        self._key_table: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # and water_fill's view of it
         self._caps: np.ndarray | None = None
         self.fleet: Router | None = None  # routes through the fleet's arrays when set
 
@@ -164,7 +180,9 @@ class Controller(ControllerBase):
         loads, caps = loads[idx], self._caps[idx]
         keys, row_of = self._router_keys()
         if np.all(np.diff(keys, axis=1) >= 0):
-            engine = idx[water_fill(n, loads, caps, keys, row_of[idx])]
+            if self._key_table is None:
+                self._key_table = key_table(keys)
+            engine = idx[water_fill(n, loads, caps, keys, row_of[idx], self._key_table)]
         else:  # a key that falls with load: route one at a time, as the definition says
             engine = self._route_one_by_one(n, idx, loads, caps, keys[row_of[idx]])
         n = len(engine)

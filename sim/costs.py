@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -31,13 +32,16 @@ class DecodeTable:
     slope_arr: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        slopes = tuple(tuple((row[c + 1] - row[c]) / self.ds for c in range(len(row) - 1)) for row in self.rows)
-        bases = tuple(tuple(row[c] - sl[c] * c * self.ds for c in range(len(row) - 1))
-                      for row, sl in zip(self.rows, slopes, strict=True))
-        object.__setattr__(self, "slope", slopes)
-        object.__setattr__(self, "base", bases)
-        object.__setattr__(self, "base_arr", np.array(bases))
-        object.__setattr__(self, "slope_arr", np.array(slopes))
+        # element-wise IEEE arithmetic in the scalar formulas' order, so the same bits as Python floats:
+        # slope = (t[c+1] - t[c]) / ds, base = t[c] - slope * c * ds
+        rows = np.array(self.rows, np.float64).reshape(len(self.rows), -1)
+        cells = np.arange(rows.shape[1] - 1)
+        slope_arr = (rows[:, 1:] - rows[:, :-1]) / self.ds
+        base_arr = rows[:, :-1] - slope_arr * cells * self.ds
+        object.__setattr__(self, "slope", tuple(map(tuple, slope_arr.tolist())))
+        object.__setattr__(self, "base", tuple(map(tuple, base_arr.tolist())))
+        object.__setattr__(self, "base_arr", base_arr)
+        object.__setattr__(self, "slope_arr", slope_arr)
 
     @classmethod
     def build(
@@ -47,7 +51,7 @@ class DecodeTable:
         b = np.arange(0, max_batch + 1)[:, None]
         s = (np.arange(GRID_POINTS) * ds)[None, :]
         secs = cm.decode(gpu, model, tp, np.maximum(b, 1), s / np.maximum(b, 1)).seconds
-        return cls(ds, tuple(tuple(float(x) for x in row) for row in secs))
+        return cls(ds, tuple(map(tuple, np.asarray(secs, np.float64).tolist())))
 
     def total(self, b: int, s0: float, k: int) -> float:
         """Seconds of k iterations starting at total context s0: sum_{j<k} t(b, s0 + b j)."""
@@ -77,24 +81,39 @@ class DecodeTable:
         Round r adds every jump's r-th grid cell, so each jump's sum is built in the scalar order;
         most jumps lie in one cell (a cell spans kv/63 tokens of context) and drop out after round 0.
         """
-        last = GRID_POINTS - 2
-        out = np.zeros(len(k))
-        j = np.zeros(len(k), np.int64)
-        idx = np.flatnonzero(k > 0)
+        b, s0, k = np.asarray(b, np.int64), np.asarray(s0, np.float64), np.asarray(k, np.int64)
+        bf = b.astype(np.float64)  # exact: numpy casts b to float in every mixed operation anyway
+        # round 0 over every jump without gathers (j = 0; a jump with k = 0 sums nothing)
+        out, j_end = self._cell_sums(b, bf, s0, None, k)
+        out[k <= 0] = 0.0
+        idx = np.flatnonzero(j_end < k)
+        j = j_end
         while len(idx):
-            bb, ss, jj, kk = b[idx], s0[idx], j[idx], k[idx]
-            c = ((ss + bb * jj) / self.ds).astype(np.int64)  # int() truncates; contexts are >= 0
-            tail = c >= last  # the last cell extends to infinity
-            c = np.where(tail, last, np.maximum(c, 0))
-            with np.errstate(divide="ignore", invalid="ignore"):
-                j_end = np.ceil(((c + 1) * self.ds - ss) / bb)
-            j_end = np.where(tail, kk, np.minimum(kk, np.maximum(jj + 1, j_end).astype(np.int64)))
-            n = j_end - jj
-            slope = self.slope_arr[bb, c]
-            out[idx] += n * (self.base_arr[bb, c] + slope * ss) + slope * bb * (jj + j_end - 1) * n / 2
-            j[idx] = j_end
-            idx = idx[j_end < kk]
+            part, ends = self._cell_sums(b[idx], bf[idx], s0[idx], j[idx], k[idx])
+            out[idx] += part
+            j[idx] = ends
+            idx = idx[ends < k[idx]]
         return out
+
+    def _cell_sums(self, bb: np.ndarray, bf: np.ndarray, ss: np.ndarray, jj: np.ndarray | None, kk: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """One round of `totals`: the iterations from jj (None: 0) that lie in the grid cell where jj
+        falls (all of them in the last cell), summed; and the iteration after them. Integers are
+        cast to float where the scalar formula mixes them with floats, once (the same values)."""
+        last = GRID_POINTS - 2
+        # int() truncates; contexts are >= 0 (and s0 + b * 0 is s0)
+        c = ((ss if jj is None else ss + bb * jj) / self.ds).astype(np.int64)
+        tail = c >= last  # the last cell extends to infinity
+        c = np.clip(c, 0, last)
+        first = 1 if jj is None else jj + 1
+        with np.errstate(divide="ignore", invalid="ignore"):  # b = 0 only where k = 0 (ignored)
+            j_end = np.ceil(((c + 1) * self.ds - ss) / bf)
+            j_end = np.where(tail, kk, np.minimum(kk, np.maximum(first, j_end).astype(np.int64)))
+        n = (j_end if jj is None else j_end - jj).astype(np.float64)
+        pairs = (j_end - 1 if jj is None else jj + j_end - 1).astype(np.float64)
+        at = bb * self.slope_arr.shape[1] + c  # one flat index for both tables
+        slope = self.slope_arr.ravel()[at]
+        return n * (self.base_arr.ravel()[at] + slope * ss) + slope * bf * pairs * n / 2, j_end
 
     def _bracket(self, b: np.ndarray, s0: np.ndarray, k: np.ndarray, seconds: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray]:
@@ -110,6 +129,59 @@ class DecodeTable:
         ok = (self.totals(b, s0, lo) <= seconds + 1e-12) & (
             (hi == k) | (self.totals(b, s0, np.minimum(hi + 1, k)) > seconds + 1e-12))
         return np.where(ok, lo, 0), np.where(ok, hi, k)
+
+    def stop_after(self, b: np.ndarray, s0: np.ndarray, k: np.ndarray, elapsed: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """Jumps in progress `elapsed` seconds after they started, stopped after their current
+        iteration (one that started at `elapsed` runs one iteration): (iterations run, seconds left).
+
+        `iterations_within` then the rule above, with fewer `totals` calls: the iteration count is
+        estimated from the first grid cell's arithmetic series (a quadratic), and the estimate's
+        neighbours are summed in one call; where they do not bracket the answer (the jump crossed
+        cells), the bisection settles it. Either way the answer is the largest count whose `totals`
+        fits, so the bits do not depend on the estimate."""
+        k = np.asarray(k, np.int64)
+        n = len(k)
+        eps = 1e-12
+        cell = np.clip((s0 / self.ds).astype(np.int64), 0, GRID_POINTS - 2)
+        slope = self.slope_arr[b, cell]
+        per = self.base_arr[b, cell] + slope * s0  # the first iteration's seconds
+        a = slope * b / 2
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            lin = elapsed / per
+            quad = (np.sqrt((per - a) ** 2 + 4 * a * elapsed) - (per - a)) / (2 * a)
+            guess = np.where(a > 0, quad, lin)
+        guess = np.where(np.isfinite(guess), guess, 0.0)
+        est = np.clip(np.floor(guess), 0, k).astype(np.int64)
+        offsets = np.arange(-1, 3)
+        cand = np.clip(est[None, :] + offsets[:, None], 0, k[None, :])  # [4, n]
+        tot = self.totals(np.tile(b, 4), np.tile(s0, 4), cand.ravel()).reshape(4, n)
+        fits = tot <= elapsed + eps
+        # the largest candidate that fits, if the next count does not (or it is the whole jump)
+        within = np.full(n, -1, np.int64)
+        for r in range(3):
+            ok = fits[r] & ((cand[r] == k) | (~fits[r + 1] & (cand[r + 1] == cand[r] + 1)))
+            within = np.where(ok, cand[r], within)
+        miss = np.flatnonzero(within < 0)
+        if len(miss):
+            within[miss] = self.iterations_within(b[miss], s0[miss], k[miss], elapsed[miss])
+        t_within = np.full(n, np.nan)
+        for r in range(4):
+            t_within = np.where(cand[r] == within, tot[r], t_within)
+        need = np.isnan(t_within)
+        if need.any():
+            t_within[need] = self.totals(b[need], s0[need], within[need])
+        # the iteration in progress runs to its end
+        done = np.where((within == 0) | (t_within < elapsed - eps), within + 1, within)
+        done = np.minimum(k, done)
+        t_done = np.full(n, np.nan)
+        for r in range(4):
+            t_done = np.where(cand[r] == done, tot[r], t_done)
+        t_done = np.where(done == within, t_within, t_done)
+        need = np.isnan(t_done)
+        if need.any():
+            t_done[need] = self.totals(b[need], s0[need], done[need])
+        return done, t_done - elapsed
 
     def iterations_within(self, b: np.ndarray, s0: np.ndarray, k: np.ndarray, seconds: np.ndarray) -> np.ndarray:
         """Per jump, the iterations (<= k) whose end lies at or before `seconds` after its start
@@ -153,13 +225,18 @@ class PrefillCurve:
         if not len(pos):
             return out
         x = np.array(list(map(math.log, tokens[pos].tolist())))
-        xs, ys = np.array(self.log_tokens), np.array(self.log_seconds)
+        xs, ys = self._grid
         j = np.clip(np.searchsorted(xs, x, "right") - 1, 0, len(xs) - 2)
         slope = (ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j])
         y = np.where(xs[j] == x, ys[j], slope * (x - xs[j]) + ys[j])
         y = np.where(x >= xs[-1], ys[-1], np.where(x <= xs[0], ys[0], y))
         out[pos] = list(map(math.exp, y.tolist()))
         return out
+
+    @cached_property
+    def _grid(self) -> tuple[np.ndarray, np.ndarray]:
+        """The log grid as arrays (made once: `many` runs at every fleet-wide prefill)."""
+        return np.array(self.log_tokens), np.array(self.log_seconds)
 
     def _interp(self, x: float) -> float:
         """np.interp(x, log_tokens, log_seconds) for one x, without numpy's per-call overhead:

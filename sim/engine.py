@@ -34,6 +34,7 @@ from sim.recorder import Recorder
 from sim.samples import Samples
 
 KV_WATERMARK = 0.01  # vLLM's block-manager watermark
+OWN, PARKED, LOADING = 0, 1, 2  # where an engine's state lives (Fleet._where)
 EMPTY = np.empty(0, np.int64)
 
 
@@ -90,12 +91,35 @@ class Fleet:
         self.parked: list[Parked] = []
         self._names: list[str] = []
         self._groups: list[str] = []
+        # per engine, the state the fleet moves as arrays (Engine's properties read and write it):
+        # where it is (OWN: its process; PARKED, LOADING: in `_home[i]`, at `_slot[i]`), its pending
+        # update (version, -1 for none, and when the weights are in), and its weights' version
+        self._where = np.zeros(0, np.int8)
+        self._home = np.empty(0, object)
+        self._slot = np.zeros(0, np.int64)
+        self._upd_v = np.zeros(0, np.int64)
+        self._upd_t = np.zeros(0)
+        self._ver = np.zeros(0, np.int64)
 
     def add(self, engine: Engine) -> int:
+        i = len(self.engines)
+        if i == len(self._where):  # room for twice as many
+            n = max(64, 2 * i)
+            self._where = np.concatenate((self._where, np.full(n - i, OWN, np.int8)))
+            self._home = np.concatenate((self._home, np.full(n - i, None, object)))
+            self._slot, self._ver = (np.concatenate((a, np.zeros(n - i, np.int64))) for a in (self._slot, self._ver))
+            self._upd_v = np.concatenate((self._upd_v, np.full(n - i, -1, np.int64)))
+            self._upd_t = np.concatenate((self._upd_t, np.zeros(n - i)))
         self.engines.append(engine)
         self._names.append(engine.name)
         self._groups.append(engine.group)
-        return len(self.engines) - 1
+        return i
+
+    def _place(self, idx: list[int] | np.ndarray, where: int, home: Parked | Loading | None) -> None:
+        """Engines idx (in this order: slots 0, 1, ...) now live in `home` (or their own process)."""
+        self._where[idx] = where
+        self._home[idx] = home
+        self._slot[idx] = np.arange(len(idx))
 
     def ask(self, engine: Engine, reprefill: bool, event: simpy.Event | None = None) -> simpy.Event:
         """An event that carries the engine's Segment once planned (`event`, or a new one)."""
@@ -204,20 +228,26 @@ class Fleet:
         rest: list[tuple[Engine, bool, simpy.Event]] = []
         idx: list[int] = []
         reprefill: list[bool] = []
+        free: list[bool] = []  # no update pending, nothing preempted waiting
         for e, rp, event in asking:
             if quiet and e.update is None and not e.waiting:
                 e._park, e._loading = event, None
                 idx.append(e.index)
                 reprefill.append(rp)
+                free.append(True)
             else:
                 rest.append((e, rp, event))
         parts = [self._rows_of(idx)] if idx else []
+        for i in idx:  # their inbox is in the arrays now (those that plan alone get theirs back)
+            self.engines[i].inbox = EMPTY
         for g in groups:
             offset = len(idx)
-            for i, ei in enumerate(g.engines):
-                e = self.engines[ei]
-                e._loading = None
-                e.progress, e.context = int(g.progress[i]), float(g.context[i])
+            # they come back from the arrays (those that plan alone get their state back below).
+            # Nothing was preempted waiting on them when they parked, and nothing can have joined
+            # their queues since (their process slept; the router sends them work as arrays): an
+            # update that came in meanwhile is all that can keep them from parking again
+            self._place(g.engines, OWN, None)
+            free.extend((self._upd_v[g.engines] < 0).tolist())
             idx.extend(g.engines)
             reprefill.extend((g.count > 0).tolist())
             in_owner, in_sid = g.inbox()
@@ -227,10 +257,11 @@ class Fleet:
             return rest
         owner, sid, fin, joined, progress, context, version, in_owner, in_sid = (
             np.concatenate(c) for c in zip(*parts, strict=True))
-        ok, take = self._admissible(idx, owner, context, quiet, in_owner, in_sid)
+        ok, take = self._admissible(idx, owner, context, np.array(free, bool) if quiet else False, in_owner, in_sid)
         if not ok.all():  # those engines plan one by one, from their own state
             for i in np.flatnonzero(~ok).tolist():
                 e = self.engines[idx[i]]
+                e.progress, e.context = int(progress[i]), float(context[i])
                 rows = owner == i
                 e.batch = Batch(sid[rows], fin[rows], joined[rows])
                 e.inbox = in_sid[in_owner == i]
@@ -258,16 +289,16 @@ class Fleet:
                 np.array([e.context for e in engines], np.float64), np.array([e.version for e in engines], np.int64),
                 in_owner, np.concatenate([e.inbox for e in engines]).astype(np.int64))
 
-    def _admissible(self, idx: list[int], owner: np.ndarray, context: np.ndarray, quiet: bool, in_owner: np.ndarray,
-                    in_sid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _admissible(self, idx: list[int], owner: np.ndarray, context: np.ndarray, free: np.ndarray | bool,
+                    in_owner: np.ndarray, in_sid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Engines that admit the head of their inbox whole (vLLM would admit each of them), and
-        which inbox entries are those heads."""
+        which inbox entries are those heads. `free`: quiet, and per engine nothing pending (False:
+        not quiet, none is)."""
         n = len(idx)
-        ok = np.full(n, quiet)
         take = np.zeros(len(in_sid), bool)
-        if not quiet:
-            return ok, take
-        ok &= np.array([self.engines[i].update is None and not self.engines[i].waiting for i in idx])
+        if free is False:
+            return np.zeros(n, bool), take
+        ok = np.array(free, bool)
         lens = np.bincount(in_owner, minlength=n)
         running = np.bincount(owner, minlength=n)
         head = np.minimum(lens, np.maximum(0, self._max_batch[idx] - running))
@@ -287,20 +318,17 @@ class Fleet:
         their completions, and park them until the next push or until one needs to decide."""
         now, s = self.env.now, self.samples
         n = len(idx)
-        engines = [self.engines[i] for i in idx]
         running = np.bincount(owner, minlength=n)
         new_owner, new_sid = in_owner[take], in_sid[take]
         head = np.bincount(new_owner, minlength=n)
         rest = np.bincount(in_owner[~take], minlength=n)
-        for e in engines:
-            e.inbox = EMPTY
-        for i in np.flatnonzero(rest).tolist():  # no room for them yet
-            engines[i].inbox = in_sid[~take & (in_owner == i)]
         tokens = np.bincount(new_owner, weights=s.prompt[new_sid], minlength=n)  # integers, exact
-        reprefill_end = np.where(reprefill, now + self._prefill(idx, np.where(reprefill, context, 0.0)), np.nan)
+        # both prefills' seconds in one pass: the KV re-prefill of what runs, then the new prompts
+        secs = self._prefill(idx + idx, np.concatenate((np.where(reprefill, context, 0.0), tokens)))
+        reprefill_end = np.where(reprefill, now + secs[:n], np.nan)
         after = np.where(reprefill, reprefill_end, now)
         has_new = head > 0
-        prefill_end = np.where(has_new, after + self._prefill(idx, tokens), np.nan)
+        prefill_end = np.where(has_new, after + secs[n:], np.nan)
         t0 = np.where(has_new, prefill_end, after)
         context1 = context + tokens
         all_owner = np.concatenate((owner, new_owner))
@@ -309,7 +337,7 @@ class Fleet:
         all_joined = np.concatenate((joined, progress[new_owner]))
         is_new = np.zeros(len(all_sid), bool)
         is_new[len(sid):] = True
-        tables = [self.engines[i].decode for i in idx]
+        tables = self._tables(idx)
         flat = plan_flat(all_owner, all_sid, all_fin, all_joined, progress, context1, t0, self._kv[idx], rest > 0,
                          tables, self.exit_tokens)
         is_new = is_new[flat.order]
@@ -322,19 +350,27 @@ class Fleet:
         first_part = self.controller.plan_parts(times, flat.sid[done_rows], row_owner[done_rows], rank[done_rows], n)
         idle_end = (n_done == np.diff(flat.rows)) & (rest == 0)
         p = Parked(idx, np.ones(n, bool), version, progress, context, context1, np.full(n, now), reprefill_end,
-                   prefill_end, running, head, np.ones(n, bool), is_new, rest, idle_end, flat, t0, first_part)
+                   prefill_end, running, head, np.ones(n, bool), is_new, rest, idle_end, flat, t0, first_part,
+                   row_owner, rank)
         self.parked = [q for q in self.parked if q.alive.any()] + [p]
-        for i, e in enumerate(engines):
-            e._parked, e._slot = p, i
+        self._place(idx, PARKED, p)
+        for i in np.flatnonzero(rest).tolist():  # no room for them yet
+            self.engines[idx[i]].inbox = in_sid[~take & (in_owner == i)]
         for i in np.flatnonzero(~idle_end & (np.diff(flat.jumps) > 0)).tolist():  # it decides when it ends
             end = float(flat.ends[flat.jumps[i + 1] - 1])
             timeout_at(self.env, end).callbacks.append(lambda _ev, p=p, i=i: self._ended(p, i))
 
     def _prefill(self, idx: list[int], tokens: np.ndarray) -> np.ndarray:
+        if self._one_prefill is not None:
+            return self._one_prefill.many(tokens)
         curves = [self.engines[i].prefill for i in idx]
-        if all(c is curves[0] for c in curves):
-            return curves[0].many(tokens)
         return np.array([c(t) for c, t in zip(curves, tokens.tolist(), strict=True)])
+
+    def _tables(self, idx: list[int]) -> list[DecodeTable]:
+        """The decode tables of engines idx, for plan_flat and cut_jumps (one for all, if one is)."""
+        if self._one_decode is not None:
+            return [self._one_decode]
+        return [self.engines[i].decode for i in idx]
 
     def _ended(self, p: Parked, i: int) -> None:
         if p.alive[i]:
@@ -399,21 +435,21 @@ class Fleet:
         request = (version, ready_at)
         loading = [g for p in self.parked if p.alive.any() for g in [self._stop(p, request)] if g is not None]
         self.parked = [p for p in self.parked if p.alive.any()]
-        for e in self.engines:
-            if e._loading is not None:
-                e.update = request
-            else:
-                e.request_update(version, ready_at)
+        waits = self._where[:len(self.engines)] == LOADING  # they only note it: their weights are on the way
+        self._upd_v[:len(waits)][waits], self._upd_t[:len(waits)][waits] = version, ready_at
+        for i in np.flatnonzero(~waits).tolist():
+            self.engines[i].request_update(version, ready_at)
         if loading:
             # wait in the order the per-engine path would: after what the trainer does this instant
-            self.env.timeout(0).callbacks.append(lambda _ev: self._wait_loads(loading, ready_at))
+            self.env.timeout(0).callbacks.append(lambda _ev: self._wait_loads(loading, request))
 
-    def _wait_loads(self, loading: list[Loading], ready_at: float) -> None:
+    def _wait_loads(self, loading: list[Loading], request: tuple[int, float]) -> None:
+        ready_at = request[1]
         for g in loading:
             when = g.start + (ready_at - g.start)  # where each engine's timeout of the difference would end
             for w in np.unique(when).tolist():
                 part = g if (when == w).all() else g.subset(when == w)
-                timeout_at(self.env, w).callbacks.append(lambda _ev, part=part: self._load_group(part, ready_at))
+                timeout_at(self.env, w).callbacks.append(lambda _ev, part=part: self._load_group(part, request))
 
     def _stop(self, p: Parked, request: tuple[int, float]) -> Loading | None:
         """Stop the parked engines that can at the push (see sim.bulk); returns them, waiting."""
@@ -428,7 +464,7 @@ class Fleet:
         at = flat.jumps[cutting] + j[cutting]  # the jump in progress
         start = np.where(j[cutting] > 0, _before(flat.ends, at), p.t0[cutting])
         b, s0, k = flat.b[at], flat.s[at], flat.k[at]
-        d, rest = cut_jumps(b, s0, k, now - start, [self.engines[p.engines[i]].decode for i in cutting.tolist()])
+        d, rest = cut_jumps(b, s0, k, now - start, self._tables([p.engines[i] for i in cutting.tolist()]))
         stop_at = np.where(rest > 0, now + rest, now)  # as `if rest > 0: yield timeout(rest)` leaves the clock
         finishing = np.where(d == k, flat.done[at], 0)
         ok[cutting] &= ready_at > stop_at  # one still decoding when the weights are in loads on its own
@@ -453,8 +489,9 @@ class Fleet:
         p.alive[stop] = False
         gidx = np.asarray(p.engines)
         # jumps that have ended: recorded, their completions credited
-        jr = np.arange(len(flat.je)) - flat.jumps[flat.je]
-        ended_jumps = chosen[flat.je] & (jr < jcount[flat.je])
+        # engine e's jumps are jumps[e]:jumps[e + 1], so its first jcount[e] end before jumps[e] + jcount[e]
+        ended_before = flat.jumps[:-1] + np.where(chosen, jcount, 0)
+        ended_jumps = np.arange(len(flat.je)) < ended_before[flat.je]
         je = flat.je[ended_jumps]
         rec.fleet_intervals(self._names, self._groups, "decode", gidx[je], flat.starts[ended_jumps],
                             flat.ends[ended_jumps], p.version[je], flat.b[ended_jumps])
@@ -472,8 +509,7 @@ class Fleet:
         context[cutting] += b * d
         finish = np.zeros(n, np.int64)
         finish[cutting] = finishing
-        owner = p.row_owner()
-        rank = np.arange(len(flat.sid)) - flat.rows[owner]
+        owner, rank = p.row_owner, p.row_rank
         gone = chosen[owner] & (rank < n_done[owner] + finish[owner])
         s.credit_many(flat.sid[gone], p.version[owner[gone]], flat.fin[gone] - flat.joined[gone])
         late = gone & (rank >= n_done[owner])  # finished by the iteration in progress: in at its end
@@ -492,9 +528,7 @@ class Fleet:
         g = Loading([p.engines[i] for i in keep.tolist()], p.version[keep], progress[keep], context[keep],
                     waiting_since[keep], renumber[owner[stays]], flat.sid[stays], flat.fin[stays], flat.joined[stays],
                     np.bincount(owner[stays], minlength=n)[keep])
-        for i, ei in enumerate(g.engines):
-            e = self.engines[ei]
-            e._parked, e._loading, e._slot = None, g, i
+        self._place(g.engines, LOADING, g)
         return g
 
     def _record_phases(self, p: Parked, which: np.ndarray, now: float, final: bool = False) -> None:
@@ -517,16 +551,14 @@ class Fleet:
         done = which[~(p.reprefill_end[which] > now) & ~(p.prefill_end[which] > now)]
         p.phases_open[done] = False
 
-    def _load_group(self, g: Loading, ready_at: float) -> None:
+    def _load_group(self, g: Loading, request: tuple[int, float]) -> None:
         """`Engine._load_weights` and `_after_load` for engines that waited as arrays."""
         now, s = self.env.now, self.samples
-        version = None
-        for ei in g.engines:
-            e = self.engines[ei]
-            if e.update is not None and e.update[1] == ready_at:
-                version = e.update[0]
-                e.update = None
-        assert version is not None
+        version = request[0]
+        gidx = np.asarray(g.engines)
+        mine = (self._upd_v[gidx] == version) & (self._upd_t[gidx] == request[1])
+        self._upd_v[gidx[mine]] = -1  # a newer request that came in meanwhile stays pending
+        self._ver[gidx] = version
         sizes = g.count
         gidx = np.asarray(g.engines)
         self.rec.fleet_intervals(self._names, self._groups, "weight_load", gidx, g.start, np.full(len(gidx), now),
@@ -536,8 +568,6 @@ class Fleet:
         s.generated[g.sid] += tokens
         g.joined = g.progress[g.owner]
         g.version = np.full(len(gidx), version)
-        for ei in g.engines:
-            self.engines[ei].version = version
         self.controller.request_dispatch()
         self.rec.count(int((sizes == 0).sum()))
         self._plan_soon()
@@ -551,7 +581,8 @@ class Fleet:
 
     def router_view(self, version: int) -> tuple[np.ndarray, np.ndarray]:
         """Controller.dispatch's view of every engine at once: accepting, and its load."""
-        acc = np.fromiter((e.update is None and e.version == version for e in self.engines), bool, len(self.engines))
+        n = len(self.engines)
+        acc = (self._upd_v[:n] < 0) & (self._ver[:n] == version)
         loads = np.zeros(len(self.engines), np.int64)
         member = np.zeros(len(self.engines), bool)
         for g in self._to_plan:
@@ -618,6 +649,9 @@ class Fleet:
         self._room = self._kv * (1 - KV_WATERMARK)
         self._reward = np.array([e.reward_seconds for e in es], np.float64)
         self._interruptible = np.array([e.interruptible for e in es], bool)
+        # one decode table and prefill curve for every engine (one kind of engine): no list per call
+        self._one_decode = es[0].decode if es and all(e.decode is es[0].decode for e in es) else None
+        self._one_prefill = es[0].prefill if es and all(e.prefill is es[0].prefill for e in es) else None
 
 
 def _before(values: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -638,6 +672,7 @@ class Engine:
         self.samples: Samples = controller.samples
         self.interruptible = interruptible
         self.mean_iteration_s = mean_iteration_s
+        self.index = fleet.add(self)  # its version, update and parking live in the fleet's arrays
         self.version = 0
         self.progress = 0  # decode iterations run so far
         self.context = 0.0  # total tokens held in the KV cache by running samples
@@ -651,13 +686,60 @@ class Engine:
         self._interrupted = False  # an interrupt is on its way to the plan in progress
         # parked with the fleet (sim.bulk): its state lives in the fleet's arrays meanwhile, and its
         # process waits on `_park` until the fleet hands it back
-        self._parked: Parked | None = None
-        self._loading: Loading | None = None
-        self._slot = 0  # its index in those arrays
         self._park: simpy.Event | None = None
-        self.index = fleet.add(self)
         controller.engines.append(self)
         self.proc = env.process(self.run())
+
+    # ---- state kept in the fleet's arrays (so that it moves many engines at once) --------------
+    @property
+    def version(self) -> int:
+        """The policy version of the weights it runs."""
+        return int(self.fleet._ver[self.index])
+
+    @version.setter
+    def version(self, version: int) -> None:
+        self.fleet._ver[self.index] = version
+
+    @property
+    def update(self) -> tuple[int, float] | None:
+        """A pending weight update: (version, time the new weights are in), or None."""
+        v = self.fleet._upd_v[self.index]
+        return None if v < 0 else (int(v), float(self.fleet._upd_t[self.index]))
+
+    @update.setter
+    def update(self, request: tuple[int, float] | None) -> None:
+        if request is None:
+            self.fleet._upd_v[self.index] = -1
+        else:
+            self.fleet._upd_v[self.index], self.fleet._upd_t[self.index] = request
+
+    @property
+    def _parked(self) -> Parked | None:
+        """Parked with the fleet (sim.bulk): its state lives in the fleet's arrays meanwhile, and its
+        process waits on `_park` until the fleet hands it back."""
+        return self.fleet._home[self.index] if self.fleet._where[self.index] == PARKED else None
+
+    @_parked.setter
+    def _parked(self, parked: Parked | None) -> None:
+        assert parked is None, "the fleet parks engines (Fleet._place)"
+        if self.fleet._where[self.index] == PARKED:
+            self.fleet._place([self.index], OWN, None)
+
+    @property
+    def _loading(self) -> Loading | None:
+        """Stopped with the fleet for a weight push: waiting for (or just given) the weights as arrays."""
+        return self.fleet._home[self.index] if self.fleet._where[self.index] == LOADING else None
+
+    @_loading.setter
+    def _loading(self, loading: Loading | None) -> None:
+        assert loading is None, "the fleet stops engines (Fleet._place)"
+        if self.fleet._where[self.index] == LOADING:
+            self.fleet._place([self.index], OWN, None)
+
+    @property
+    def _slot(self) -> int:
+        """Its index in the arrays of its Parked or Loading."""
+        return int(self.fleet._slot[self.index])
 
     # ---- the router's view (sim.controller.Worker) ------------------------------------------
     def accepting(self, version: int) -> bool:

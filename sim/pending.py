@@ -5,11 +5,12 @@ instead of one simulation event per sample. Every filing is a set of "parts" (on
 a whole fleet of engines planning together files one part each in one call), and a part is cut
 back when its plan is interrupted: only its first `keep` completions happen.
 
-All undelivered completions live in one index sorted by time (ties: in the order filed). A filing
-is merged into it (a sort of the new entries and one insertion), not re-sorted with the rest, and a
-cut only lowers its part's limit: entries past the limit are skipped when read and dropped at the
-next compaction. The controller takes what is due whenever it looks, and asks `kth_time` when
-enough completions will be in for the trainer's next step.
+All undelivered completions live in one unsorted pool: a filing is appended (no sort, no merge),
+and a cut only lowers its part's limit: entries past the limit are skipped when read. Only two
+questions are asked of the pool, which completions are due by now (a comparison over the pool) and
+when the n-th completion of some start versions will be in (a partial sort, `np.partition`), and
+neither answer depends on the pool's order: the buffer sorts what it takes by sample id. Delivered
+entries are marked (their time set to infinity) and dropped, with cut ones, at the next compaction.
 """
 
 from __future__ import annotations
@@ -31,12 +32,16 @@ class Chunk:
 
 class Pending:
     def __init__(self) -> None:
-        self._times = np.empty(0)
-        self._sids = self._versions = self._parts = self._ranks = EMPTY
-        self._cursor = 0  # entries before it are delivered
+        # the pool: the first `_n` entries of buffers with room to grow (a filing writes its entries
+        # after them, not a copy of the whole pool); `_times` and the others are views of them.
+        # Per entry: when (inf once delivered), sample id, start version, part, rank in its part
+        self._n = 0
+        self._buffers = (np.empty(0), EMPTY, EMPTY, EMPTY, EMPTY)
+        self._view()
         self._limit = np.empty(0, np.int64)  # [part]: its entries of rank >= limit are cut
         self._parts_used = 0
-        self._cuts = 0  # entries cut since the last compaction (an upper bound)
+        self._delivered = 0  # entries delivered since the last compaction
+        self._cuts = 0  # cuts since the last compaction
         self._live: tuple[np.ndarray, np.ndarray] | None = None  # undelivered, uncut: (times, versions)
         self._next = float("inf")  # nothing is due before then (the controller looks often)
 
@@ -50,9 +55,9 @@ class Pending:
         return first
 
     def add(self, times: np.ndarray, sids: np.ndarray, versions: np.ndarray) -> Chunk:
-        """One engine's completions, times ascending: one part."""
+        """One engine's completions: one part."""
         part = self._new_parts(1)
-        self._merge(times, sids, versions, np.full(len(times), part, np.int64), np.arange(len(times)), ordered=True)
+        self._file(times, sids, versions, np.full(len(times), part, np.int64), np.arange(len(times)))
         return Chunk(part)
 
     def add_parts(self, times: np.ndarray, sids: np.ndarray, versions: np.ndarray, owner: np.ndarray,
@@ -60,28 +65,27 @@ class Pending:
         """Completions of n engines at once: entry i is number ranks[i] of part owner[i] (0..n-1).
         Returns the first part's id (the others follow)."""
         first = self._new_parts(n)
-        self._merge(times, sids, versions, owner + first, ranks, ordered=False)
+        self._file(times, sids, versions, owner + first, ranks)
         return first
 
-    def _merge(self, times: np.ndarray, sids: np.ndarray, versions: np.ndarray, parts: np.ndarray,
-               ranks: np.ndarray, ordered: bool) -> None:
+    def _file(self, times: np.ndarray, sids: np.ndarray, versions: np.ndarray, parts: np.ndarray,
+              ranks: np.ndarray) -> None:
         if not len(times):
             return
-        if not ordered:
-            # the order among equal times does not matter: the buffer sorts what it takes by sample id
-            order = np.argsort(times)
-            times, sids, versions, parts, ranks = times[order], sids[order], versions[order], parts[order], ranks[order]
         self._compact()
-        c = self._cursor
-        # after every entry already filed at the same time: a stable sort of everything, in filing order
-        at = c + np.searchsorted(self._times[c:], times, "right")
-        self._times = np.insert(self._times, at, times)
-        self._sids = np.insert(self._sids, at, sids)
-        self._versions = np.insert(self._versions, at, versions)
-        self._parts = np.insert(self._parts, at, parts)
-        self._ranks = np.insert(self._ranks, at, ranks)
+        n, k = self._n, len(times)
+        if n + k > len(self._buffers[0]):  # twice the room
+            room = max(2 * len(self._buffers[0]), n + k, 1024)
+            grown = tuple(np.empty(room, b.dtype) for b in self._buffers)
+            for old, new in zip(self._buffers, grown, strict=True):
+                new[:n] = old[:n]
+            self._buffers = grown
+        for buffer, column in zip(self._buffers, (times, sids, versions, parts, ranks), strict=True):
+            buffer[n:n + k] = column
+        self._n = n + k
+        self._view()
         self._live = None
-        self._next = min(self._next, float(times[0]))
+        self._next = min(self._next, float(times.min()))
 
     def cut(self, chunk: Chunk, keep: int) -> None:
         """The plan behind `chunk` stopped early: only its first `keep` completions happen (those
@@ -98,36 +102,47 @@ class Pending:
             self._live = None
 
     def _compact(self) -> None:
-        """Drop the delivered prefix and cut entries once they are a good part of the index."""
-        c = self._cursor
-        if not (2 * c > len(self._times) or self._cuts > 32):
+        """Drop delivered and cut entries once they are a good part of the pool."""
+        if not (2 * self._delivered > len(self._times) or self._cuts > 32):
             return
-        keep = self._ranks[c:] < self._limit[self._parts[c:]]
-        self._times, self._sids, self._versions = self._times[c:][keep], self._sids[c:][keep], self._versions[c:][keep]
-        self._parts, self._ranks = self._parts[c:][keep], self._ranks[c:][keep]
-        self._cursor, self._cuts = 0, 0
+        keep = (self._times < np.inf) & self._valid(self._parts, self._ranks)
+        m = int(keep.sum())
+        for buffer, column in zip(self._buffers, self._columns(), strict=True):
+            buffer[:m] = column[keep]  # a copy first, then written back in place
+        self._n = m
+        self._view()
+        self._delivered, self._cuts = 0, 0
+
+    def _columns(self) -> tuple[np.ndarray, ...]:
+        return self._times, self._sids, self._versions, self._parts, self._ranks
+
+    def _view(self) -> None:
+        """Point the column names at the pool's entries."""
+        n = self._n
+        self._times, self._sids, self._versions, self._parts, self._ranks = (b[:n] for b in self._buffers)
+
+    def _valid(self, parts: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+        """Which of these entries are not cut off."""
+        return ranks < self._limit[parts]
 
     def due(self, now: float) -> tuple[np.ndarray, np.ndarray]:
-        """Take out the completions at or before `now`: (sample ids, start versions)."""
+        """Take out the completions at or before `now`: (sample ids, start versions), in no order."""
         if now < self._next:
             return EMPTY, EMPTY
-        lo = self._cursor
-        hi = lo + int(self._times[lo:].searchsorted(now, "right"))
-        self._cursor = hi
-        self._next = float(self._times[hi]) if hi < len(self._times) else float("inf")
-        if hi <= lo:
-            return EMPTY, EMPTY
+        hit = np.flatnonzero(self._times <= now)
+        self._times[hit] = np.inf
+        self._delivered += len(hit)
+        self._next = float(self._times.min())
         self._live = None
-        valid = self._ranks[lo:hi] < self._limit[self._parts[lo:hi]]
-        if valid.all():
-            return self._sids[lo:hi], self._versions[lo:hi]
-        return self._sids[lo:hi][valid], self._versions[lo:hi][valid]
+        valid = self._valid(self._parts[hit], self._ranks[hit])
+        if not valid.all():
+            hit = hit[valid]
+        return self._sids[hit], self._versions[hit]
 
     def _remaining(self) -> tuple[np.ndarray, np.ndarray]:
         if self._live is None:
-            c = self._cursor
-            valid = self._ranks[c:] < self._limit[self._parts[c:]]
-            self._live = (self._times[c:][valid], self._versions[c:][valid])
+            live = (self._times < np.inf) & self._valid(self._parts, self._ranks)
+            self._live = (self._times[live], self._versions[live])
         return self._live
 
     def kth_time(self, need: dict[int, int]) -> float:
@@ -137,11 +152,11 @@ class Pending:
         if not len(times):
             return float("inf")
         if not need:
-            return float(times[0])
+            return float(times.min())
         out = -float("inf")
         for level, n in need.items():
-            at = np.flatnonzero(versions <= level)
-            if len(at) < n:
+            mine = times if level >= versions.max() else times[versions <= level]
+            if len(mine) < n:
                 return float("inf")
-            out = max(out, float(times[at[n - 1]]))
+            out = max(out, float(np.partition(mine, n - 1)[n - 1]))  # the n-th smallest, ties or not
         return out

@@ -129,7 +129,13 @@ def _by_engine(eng: np.ndarray, fin: np.ndarray, sid: np.ndarray, progress: np.n
     sid_bits, rel_bits = int(sid.max()).bit_length(), int(rel.max()).bit_length()
     if rel.min() >= 0 and sid.min() >= 0 and sid_bits + rel_bits + int(eng.max()).bit_length() <= 62:
         key = (eng.astype(np.int64) << (sid_bits + rel_bits)) | (rel << sid_bits) | sid
-        return np.argsort(key)  # keys are distinct (sample ids are): any sort gives this order
+        # keys are distinct (sample ids are): any sort gives this order. With room for the row
+        # index below them, a sort of the keys (numpy's SIMD sort, a few times faster than
+        # argsort) carries the permutation in its low bits
+        idx_bits = (len(key) - 1).bit_length()
+        if sid_bits + rel_bits + int(eng.max()).bit_length() + idx_bits <= 62:
+            return np.sort((key << idx_bits) | np.arange(len(key))) & ((1 << idx_bits) - 1)
+        return np.argsort(key)
     return np.lexsort((sid, fin, eng))
 
 
@@ -167,28 +173,34 @@ def plan_flat(eng: np.ndarray, sid: np.ndarray, fin: np.ndarray, joined: np.ndar
     grow = b * k - freed
     grown = np.cumsum(grow) - grow
     s = context[je] + (grown - grown[first_jump[je]]).astype(np.float64)  # integers: exact either way
-    room = np.floor_divide(kv[je] - s, b)
+    # (kv - s) // b >= k, exactly: the cache holds the jump (integer-valued floats below 2^53, so
+    # the floor division is exact and the comparison needs none)
+    fits = kv[je] - s >= b * k
     # each engine's plan ends before its first jump that would overflow, or after its first
     # completion if it must decide then
     m = np.zeros(n_eng, np.int64)
     if len(je):
-        m[busy] = np.minimum.reduceat(np.where(room >= k, count[je], rank), first_jump[busy])
+        m[busy] = np.minimum.reduceat(np.where(fits, count[je], rank), first_jump[busy])
     m = np.where(stop, np.minimum(m, 1), m)
     for e in np.flatnonzero(busy & (m == 0)):  # the first jump overflows: run it up to the overflow alone
-        j, r = first_jump[e], int(room[first_jump[e]])
+        j = first_jump[e]
+        r = int(np.floor_divide(kv[e] - s[j], b[j]))  # iterations the cache still holds
         k0 = max(1, min(int(k[j]), r)) if r >= 1 else 1
         if k0 != k[j]:
             done[j] = freed[j] = 0
         k[j], m[e] = k0, 1
     keep = rank < m[je]
-    b, s, k, done, freed, je, rank = b[keep], s[keep], k[keep], done[keep], freed[keep], je[keep], rank[keep]
+    if not keep.all():  # most plans run until their batch drains
+        b, s, k, done, freed, je, rank = b[keep], s[keep], k[keep], done[keep], freed[keep], je[keep], rank[keep]
     durations = _durations(tables, je, b, s, k)
     # each engine's clock: sequential sums from its t0, as chained timeouts would give
-    clock = np.zeros((n_eng, int(m.max(initial=0)) + 1))
+    width = int(m.max(initial=0)) + 1
+    at = je * width + rank  # jump j starts at clock[at[j]] and ends at clock[at[j] + 1] (row-major)
+    clock = np.zeros((n_eng, width))
     clock[:, 0] = t0
-    clock[je, rank + 1] = durations
-    clock = np.cumsum(clock, axis=1)
-    starts, ends = clock[je, rank], clock[je, rank + 1]
+    clock.ravel()[at + 1] = durations
+    clock = np.cumsum(clock, axis=1).ravel()
+    starts, ends = clock[at], clock[at + 1]
     after = s + (b * k - freed)
     bounds = np.append(0, np.cumsum(m))
     cum = np.cumsum(done)
@@ -221,6 +233,7 @@ def plan_first_jump(r: Request, exit_tokens: np.ndarray) -> Plan:
 
 def _durations(tables: list[DecodeTable], je: np.ndarray, b: np.ndarray, s: np.ndarray, k: np.ndarray
                ) -> np.ndarray:
+    """Seconds of each jump; tables[e] is engine e's table (or tables[0] every engine's)."""
     if all(t is tables[0] for t in tables):
         return tables[0].totals(b, s, k)
     out = np.empty(len(k))
@@ -256,15 +269,14 @@ def cut_many(plans: list[tuple[Plan, DecodeTable]], now: float) -> list[Cut]:
 def cut_jumps(b: np.ndarray, s0: np.ndarray, k: np.ndarray, elapsed: np.ndarray, tables: list[DecodeTable]
               ) -> tuple[np.ndarray, np.ndarray]:
     """Jumps in progress `elapsed` seconds after they started, stopped after their current
-    iteration: (iterations run, seconds until then). tables[i] is jump i's table."""
+    iteration: (iterations run, seconds until then). tables[i] is jump i's table (or tables[0]
+    every jump's, when it is the only one)."""
     done, rest = np.empty(len(k), np.int64), np.empty(len(k))
+    if len(tables) == 1 or not len(k):
+        return tables[0].stop_after(b, s0, k, elapsed) if len(k) else (done, rest)
     groups = {id(t): t for t in tables}
     which = np.array([id(t) for t in tables]) if len(groups) > 1 else None
     for key, table in groups.items():
         sel = np.flatnonzero(which == key) if which is not None else np.arange(len(k))
-        bb, ss, kk, el = b[sel], s0[sel], k[sel], elapsed[sel]
-        d = table.iterations_within(bb, ss, kk, el)
-        d = np.where((d == 0) | (table.totals(bb, ss, d) < el - 1e-12), d + 1, d)
-        d = np.minimum(kk, d)
-        done[sel], rest[sel] = d, table.totals(bb, ss, d) - el
+        done[sel], rest[sel] = table.stop_after(b[sel], s0[sel], k[sel], elapsed[sel])
     return done, rest

@@ -50,7 +50,9 @@ class Samples:
         tokens = np.concatenate(self._credit_tokens)
         versions = np.concatenate([np.full(len(c), v) if isinstance(v, int) else v
                                    for c, v in zip(self._credit_sids, self._credit_versions, strict=True)])
-        lag = self.trained_step[sids] - versions
-        trained = (self.trained_step[sids] >= 0) & (tokens > 0)
-        totals = np.bincount(lag[trained], weights=tokens[trained]) if trained.any() else np.zeros(0)
+        step = self.trained_step[sids]
+        trained = (step >= 0) & (tokens > 0)
+        # untrained credits add 0 tokens to lag 0 (a no-op on any sum): cheaper than compressing
+        lag = np.where(trained, step - versions, 0)
+        totals = np.bincount(lag, weights=np.where(trained, tokens, 0))
         return Counter({int(k): int(v) for k, v in enumerate(totals) if v > 0})

@@ -6,6 +6,7 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 import simpy
@@ -88,11 +89,30 @@ def _step_costs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan
     kw = {"zero_stage": t.zero_stage, "recompute": t.recompute, "gpus_per_node": groups[0].gpus_per_node,
           "inter_node_bytes_per_s": min(g.inter_node_gb_per_s for g in groups) * 1e9}
 
+    gpu, fixed = cluster.gpu(t.gpu_type), cast(Workload, _StepWorkload(workload))
+    memo: dict[int, tuple[float, float]] = {}  # steps of fixed-length samples repeat their token count
+
     def step_seconds(tokens: int) -> tuple[float, float]:
-        logprob, train = trainer_step_seconds(cm, cluster.gpu(t.gpu_type), workload, t.dp, t.tp, t.pp, tokens, **kw)
-        return float(logprob), float(train)
+        if tokens not in memo:
+            logprob, train = trainer_step_seconds(cm, gpu, fixed, t.dp, t.tp, t.pp, tokens, **kw)
+            memo[tokens] = (float(logprob), float(train))
+        return memo[tokens]
 
     return step_seconds
+
+
+class _StepWorkload:
+    """The workload as trainer_step_seconds reads it, with its mean sample length worked out once
+    (Workload.mean_tokens_per_sample integrates the length distributions on every read, as much
+    time as the rest of the step's cost model)."""
+
+    def __init__(self, workload: Workload) -> None:
+        self._workload = workload
+        self.mean_tokens_per_sample = workload.mean_tokens_per_sample
+        self.max_seq_len = workload.max_seq_len
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._workload, name)
 
 
 def simulate(
@@ -215,9 +235,10 @@ def _result(
     members: dict[str, list[str]] = {}
     for e in engines:
         members.setdefault(e.group, []).append(e.name)
+    busy = rec.busy  # summed once
     for group, names in members.items():
-        util[group] = sum(rec.busy[n] for n in names) / (len(names) * end) if end > 0 else 0.0
-    util["trainer"] = rec.busy["trainer"] / end if end > 0 else 0.0
+        util[group] = sum(busy[n] for n in names) / (len(names) * end) if end > 0 else 0.0
+    util["trainer"] = busy["trainer"] / end if end > 0 else 0.0
     price = sum(n * cluster.gpu(gpu_type).price_per_gpu_hour for gpu_type, n in plan.gpus_in_use.items())
     return SimResult(
         samples_per_s=samples / window if window > 0 else 0.0,

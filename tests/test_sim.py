@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim import simulate
+from sim.costs import DecodeTable
 from traces import Cluster, CostModel, Plan, RolloutGroup, SpecError, TrainerGroup, example_cluster, get_model
 from traces.workload import LengthDist, Workload
 
@@ -286,3 +287,80 @@ def test_parked_engines_change_nothing(monkeypatch: pytest.MonkeyPatch, interrup
     assert parked.step_times == alone.step_times
     assert parked.trained_ids == alone.trained_ids
     assert sorted(parked.timeline_rows) == sorted(alone.timeline_rows)
+
+
+def _decode_table() -> DecodeTable:
+    return DecodeTable.build(CM, CLUSTER.gpu("H20"), get_model("qwen2.5-7b"), 1, 64, 60_000.0)
+
+
+def _jumps(table: DecodeTable, seed: int, n: int = 3000) -> tuple[np.ndarray, ...]:
+    """Random decode jumps, many spanning several grid cells, some in the last (unbounded) one."""
+    rng = np.random.default_rng(seed)
+    b = rng.integers(1, 65, n)
+    s0 = rng.integers(0, int(table.ds * 70), n).astype(np.float64)
+    k = rng.integers(0, 2000, n)
+    return b, s0, k
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_vectorised_decode_sums_match_the_scalar_sum(seed: int) -> None:
+    """DecodeTable.totals is DecodeTable.total element-wise, to the bit."""
+    table = _decode_table()
+    b, s0, k = _jumps(table, seed)
+    got = table.totals(b, s0, k)
+    want = [table.total(int(bb), float(ss), int(kk)) for bb, ss, kk in zip(b, s0, k, strict=True)]
+    assert got.tolist() == want
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cut_solves_for_the_iteration_in_progress_as_the_bisection_does(seed: int) -> None:
+    """stop_after (estimate, checked) gives what the bisection and the old rule give, to the bit."""
+    table = _decode_table()
+    b, s0, k = _jumps(table, seed)
+    rng = np.random.default_rng(seed + 10)
+    whole = table.totals(b, s0, k)
+    elapsed = whole * rng.uniform(0, 1.1, len(k))
+    elapsed[::7] = table.totals(b[::7], s0[::7], rng.integers(0, k[::7] + 1))  # right at an iteration's end
+    done, rest = table.stop_after(b, s0, k, elapsed)
+    within = table.iterations_within(b, s0, k, elapsed)
+    want = np.where((within == 0) | (table.totals(b, s0, within) < elapsed - 1e-12), within + 1, within)
+    want = np.minimum(k, want)
+    assert done.tolist() == want.tolist()
+    assert rest.tolist() == (table.totals(b, s0, want) - elapsed).tolist()
+
+
+def test_pending_pool_answers_as_a_sorted_index_would() -> None:
+    """Completions filed unsorted, cut and delivered: due() hands out exactly those at or before now,
+    and kth_time is the n-th completion time of the live ones (by start version)."""
+    from sim.pending import Pending
+
+    rng = np.random.default_rng(3)
+    pending, live = Pending(), {}  # sid -> (time, version) of what should still be in
+    sid = 0
+    for _ in range(30):
+        n_parts = int(rng.integers(1, 6))
+        sizes = rng.integers(0, 8, n_parts)
+        owner = np.repeat(np.arange(n_parts), sizes)
+        ranks = np.concatenate([np.arange(s) for s in sizes]) if len(owner) else owner
+        times = np.round(rng.uniform(0, 50, len(owner)), 1)  # ties on purpose
+        sids, versions = np.arange(sid, sid + len(owner)), rng.integers(0, 4, len(owner))
+        sid += len(owner)
+        first = pending.add_parts(times, sids, versions, owner, ranks, n_parts)
+        live.update({int(s): (float(t), int(v)) for s, t, v in zip(sids, times, versions, strict=True)})
+        keep = rng.integers(0, 9, n_parts)  # cut some parts back
+        pending.cut_parts(first + np.arange(n_parts), keep)
+        for s, o, r in zip(sids.tolist(), owner.tolist(), ranks.tolist(), strict=True):
+            if r >= keep[o]:
+                live.pop(s)
+        now = float(rng.uniform(0, 50))
+        got, _ = pending.due(now)
+        due = sorted(s for s, (t, _) in live.items() if t <= now)
+        assert sorted(got.tolist()) == due
+        for s in due:
+            live.pop(s)
+        need = {int(level): int(rng.integers(1, 5)) for level in rng.integers(0, 4, 2)}
+        want = -np.inf
+        for level, count in need.items():
+            mine = sorted(t for t, v in live.values() if v <= level)
+            want = max(want, mine[count - 1] if len(mine) >= count else np.inf)
+        assert pending.kth_time(need) == want
