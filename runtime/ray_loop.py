@@ -1,8 +1,13 @@
 """The async loop on Ray: rollout engines and the trainer are actors, weights travel over gloo.
 
 Processes:
-- one `EngineWorker` actor per rollout engine and one `TrainerWorker` actor (trainer rank 0), placed
-  with `runtime.placement.place` (one placement group per plan group, pinned to its GPU type);
+- one `EngineWorker` actor per rollout engine and one `TrainerWorker` actor per trainer rank, placed
+  with `runtime.placement.place` (one placement group per plan group, pinned to its GPU type). With
+  the plan's trainer dp > 1 the ranks are `runtime.parallel.DataParallelTrainer` replicas in a
+  torch.distributed group of their own (rank 0 hosts its store): each step the batch is put in Ray's
+  store once and every rank trains on it; rank 0's stats stand for the step (they are global). Only
+  rank 0 is in the weight-sync group and writes checkpoints; on resume every rank loads that file.
+  dp = 1 is the plain `Trainer`, with no process group;
 - this process, the driver, runs the shared `Controller` (capacity rule, routing of whole GRPO
   groups, staleness-safe batch selection, records) and calls the actors.
 
@@ -25,7 +30,8 @@ Faults. A dead actor surfaces as `ray.exceptions.RayActorError` from `ray.get`.
   timeout), so the group is rebuilt, on a new store and port, before the next broadcast: with the
   survivors alone, and again when the new engine is up (it gets the current weights then, and
   takes work once it holds the current version). Survivors skip a broadcast of a version they hold.
-- The trainer that dies: the run stops with `TrainerLost`, naming the last committed checkpoint;
+- The trainer that dies (any of its dp ranks: the others would wait for it in a collective): the
+  run stops with `TrainerLost`, naming the last committed checkpoint;
   `rlfleet run PLAN --resume DIR` continues from it (runtime.records, Controller.restore).
 `Faults` injects either for tests and drills: real `ray.kill`s at set points of the loop.
 """
