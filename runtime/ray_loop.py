@@ -325,6 +325,13 @@ def _gather(futures: Sequence[Any]) -> list[Any]:
     return out
 
 
+def _await_death(actor: Any, timeout_s: float = 30.0) -> None:
+    """Return once a killed engine actor answers calls with RayActorError (or after `timeout_s`)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and not _dead(_gather([actor.status.remote()])[0]):
+        time.sleep(0.05)
+
+
 def _dead(result: Any) -> bool:
     from ray.exceptions import RayActorError
 
@@ -511,6 +518,9 @@ class RayLoop:
         engine = self._engine_at(self.faults.kill_engine_in_sync, stats.step + 1)
         if engine is not None:
             self._fire("kill_engine_in_sync", True, engine.actor)
+            # ray.kill only asks: a broadcast sent before the kill lands would complete, and the fault
+            # would miss the sync it is meant to break (seen as a flaky test)
+            _await_death(engine.actor)
         version, t0, t1 = self._sync()
         self.control.stepped(stats, intervals, (t0, t1), version)
         engine = self._engine_at(self.faults.kill_engine, version)
