@@ -52,6 +52,8 @@ class RunResult:
     requeued_sids: tuple[int, ...] = ()  # samples re-generated because their engine died
     duplicates: int = 0  # completions dropped as already in (0 unless an engine was wrongly declared dead)
     engine_restarts: int = 0
+    # each trainer rank at the end (Ray runs): rank, pid, node, version, steps it trained, its weights' sha256
+    trainer_ranks: tuple[dict[str, Any], ...] = ()
 
     @property
     def chance(self) -> float:

@@ -1,8 +1,13 @@
 """The async loop on Ray: rollout engines and the trainer are actors, weights travel over gloo.
 
 Processes:
-- one `EngineWorker` actor per rollout engine and one `TrainerWorker` actor (trainer rank 0), placed
-  with `runtime.placement.place` (one placement group per plan group, pinned to its GPU type);
+- one `EngineWorker` actor per rollout engine and one `TrainerWorker` actor per trainer rank, placed
+  with `runtime.placement.place` (one placement group per plan group, pinned to its GPU type). With
+  the plan's trainer dp > 1 the ranks are `runtime.parallel.DataParallelTrainer` replicas in a
+  torch.distributed group of their own (rank 0 hosts its store): each step the batch is put in Ray's
+  store once and every rank trains on it; rank 0's stats stand for the step (they are global). Only
+  rank 0 is in the weight-sync group and writes checkpoints; on resume every rank loads that file.
+  dp = 1 is the plain `Trainer`, with no process group;
 - this process, the driver, runs the shared `Controller` (capacity rule, routing of whole GRPO
   groups, staleness-safe batch selection, records) and calls the actors.
 
@@ -25,13 +30,16 @@ Faults. A dead actor surfaces as `ray.exceptions.RayActorError` from `ray.get`.
   timeout), so the group is rebuilt, on a new store and port, before the next broadcast: with the
   survivors alone, and again when the new engine is up (it gets the current weights then, and
   takes work once it holds the current version). Survivors skip a broadcast of a version they hold.
-- The trainer that dies: the run stops with `TrainerLost`, naming the last committed checkpoint;
+- The trainer that dies (any of its dp ranks: the others would wait for it in a collective): the
+  run stops with `TrainerLost`, naming the last committed checkpoint;
   `rlfleet run PLAN --resume DIR` continues from it (runtime.records, Controller.restore).
 `Faults` injects either for tests and drills: real `ray.kill`s at set points of the loop.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 import threading
 import time
@@ -47,12 +55,13 @@ from runtime.controller import Controller, LoopConfig
 from runtime.engine import Completion, Interval, Request, TorchEngine
 from runtime.loop import RunResult, evaluate, resume_record, run_identity, summarize
 from runtime.model import CharTokenizer, build_model, load_model, save_model, tiny_llama_config
+from runtime.parallel import DataParallelTrainer, init_dp_group
 from runtime.placement import TYPE_RESOURCE, Group, place
 from runtime.records import RunRecorder
 from runtime.sync import DEFAULT_BUCKET_BYTES, SyncGroup, WeightReceiver, WeightSender
 from runtime.task import AdditionTask
 from runtime.trainer import Rollout, StepStats, TrainConfig, Trainer
-from traces import Plan, RolloutGroup, TrainerGroup
+from traces import Plan, RolloutGroup, SpecError, TrainerGroup
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray takes 127.0.0.1 as the node address
 TOY_GPU_TYPE = "CPU"  # the toy plan's type label; on CPU only a custom resource on the local node
@@ -79,6 +88,7 @@ class Faults:
     kill_engine: tuple[int, int] | None = None  # (engine index, version)
     kill_engine_in_sync: tuple[int, int] | None = None  # (engine index, version): just before it is broadcast
     kill_trainer: int | None = None  # step
+    kill_trainer_rank: int = 0  # which data-parallel rank `kill_trainer` kills
 
 
 @dataclass(frozen=True)
@@ -166,16 +176,56 @@ def listening_store(host: str, world_size: int, timeout_s: float) -> Any:
 
 
 class TrainerWorker:
-    """The `Trainer` (rank 0) in its own process; rank 0 of the sync group, whose store it hosts."""
+    """One trainer rank in its own process. Rank 0 is the sync group's rank 0 (it hosts its store and
+    sends the weights) and writes the checkpoints; with dp > 1 every rank is a `DataParallelTrainer`
+    replica, built only once the dp group is formed (`open_dp`, then `join_dp` on every rank at once)."""
 
     def __init__(self, model: PreTrainedModel | str, pad_id: int, config: TrainConfig, seed: int,
-                 threads: int = 1) -> None:
+                 threads: int = 1, rank: int = 0, dp: int = 1) -> None:
         torch.set_num_threads(threads)
         torch.manual_seed(seed)
-        self.trainer = Trainer(_model(model), pad_id, config, seed=seed, clock=time.time)
+        self.rank, self.dp = rank, dp
+        self._args = (_model(model), pad_id, config, seed)
+        # dp = 1: the plain Trainer, no process group, exactly as before dp existed
+        self._trainer: Trainer | None = None if dp > 1 else Trainer(*self._args, clock=time.time)
+        self._dp_store: Any = None
         self._store: Any = None
         self._world = 0
         self._sender: WeightSender | None = None
+        self.steps_trained = 0  # train_step calls that returned here: shows every rank took part
+
+    @property
+    def trainer(self) -> Trainer:
+        assert self._trainer is not None, "a dp rank trains only after join_dp"
+        return self._trainer
+
+    def open_dp(self, timeout_s: float = SYNC_TIMEOUT_S) -> tuple[str, int]:
+        """Rank 0: host the dp group's store on this node (the other ranks connect to (host, port))."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        # listening_store, not parallel.host_dp_store: the same store, bound to the node's address only
+        self._dp_store = listening_store(host, self.dp, timeout_s)
+        return host, int(self._dp_store.port)
+
+    def join_dp(self, host: str, port: int, timeout_s: float = SYNC_TIMEOUT_S) -> None:
+        """Join the dp group (blocks until every rank has) and build this rank's replica.
+
+        DDP's construction broadcasts rank 0's weights, so all replicas start equal."""
+        init_dp_group(self.rank, self.dp, host, port, store=self._dp_store, timeout_s=timeout_s)
+        self._trainer = DataParallelTrainer(*self._args, clock=time.time)
+
+    def describe(self) -> dict[str, Any]:
+        """Where this rank runs and what it holds: the driver's proof that every rank trained in step."""
+        import ray
+
+        digest = hashlib.sha256()
+        for name, tensor in sorted(self.trainer.weights().items()):
+            digest.update(name.encode())
+            digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        return {"rank": self.rank, "pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
+                "version": self.trainer.version, "optimizer_steps": self.trainer.optimizer_steps(),
+                "steps_trained": self.steps_trained, "weights_sha256": digest.hexdigest()}
 
     def open_sync(self, world_size: int, timeout_s: float = SYNC_TIMEOUT_S) -> tuple[str, int]:
         """Host a new sync group's store on a free port of this node; engines connect to (host, port).
@@ -195,6 +245,7 @@ class TrainerWorker:
 
     def train_step(self, batch: list[Rollout]) -> tuple[StepStats, tuple[tuple[str, float, float], ...]]:
         stats = self.trainer.train_step(batch)
+        self.steps_trained += 1
         return stats, self.trainer.last_intervals
 
     def send_weights(self) -> tuple[int, float, float]:
@@ -274,6 +325,13 @@ def _gather(futures: Sequence[Any]) -> list[Any]:
     return out
 
 
+def _await_death(actor: Any, timeout_s: float = 30.0) -> None:
+    """Return once a killed engine actor answers calls with RayActorError (or after `timeout_s`)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and not _dead(_gather([actor.status.remote()])[0]):
+        time.sleep(0.05)
+
+
 def _dead(result: Any) -> bool:
     from ray.exceptions import RayActorError
 
@@ -339,7 +397,7 @@ class RayLoop:
 
     control: Controller
     engines: list[EngineHandle]
-    trainer: Any
+    trainer: Any  # trainer rank 0: trains, sends the weights, writes the checkpoints
     out_dir: Path | None = None
     spawn: Callable[[int, int], Any] | None = None
     faults: Faults = field(default_factory=Faults)
@@ -351,9 +409,11 @@ class RayLoop:
     _fired: set[str] = field(default_factory=set, init=False)
     _committer: _Committer = field(default_factory=_Committer, init=False)
     _saving: Any = field(default=None, init=False)  # the trainer's checkpoint save in progress
+    # data-parallel ranks 1..dp-1: they train every step with rank 0 (DDP) and do nothing else
+    peers: list[Any] = field(default_factory=list)
 
     def actors(self) -> list[Any]:
-        return [self.trainer, *(e.actor for e in self.engines), *(j.handle.actor for j in self._joining)]
+        return [self.trainer, *self.peers, *(e.actor for e in self.engines), *(j.handle.actor for j in self._joining)]
 
     def run(self) -> list[StepStats]:
         try:
@@ -367,12 +427,11 @@ class RayLoop:
         return self.control.history
 
     def _loop(self) -> None:
-        import ray
 
         control = self.control
         if control.version > 0:  # resumed: the engines start from the initial model, the trainer does not
             self._sync()
-        training: Any = None  # the trainer's future while a step is in flight
+        training: list[Any] | None = None  # the trainer ranks' futures while a step is in flight
         idle = 0
         while not control.done:
             if training is None:  # a new engine joins only between steps (the trainer sends its weights)
@@ -385,21 +444,53 @@ class RayLoop:
             moved = self._step_engines(busy) or moved
             training, moved = self._start_step(training, busy, moved)
             # with nothing left to generate, wait for the trainer rather than spin
-            if training is not None and (not busy or ray.wait([training], timeout=0)[0]):
+            if training is not None and (not busy or self._step_done(training)):
                 self._finish_step(training)
                 training, moved = None, True
             idle = 0 if moved or busy else idle + 1
             if idle > control.config.max_idle_ticks:
                 raise RuntimeError("ray loop stalled: no allowance, no engine work, no ready batch")
 
-    def _start_step(self, training: Any, busy: list[EngineHandle], moved: bool) -> tuple[Any, bool]:
+    def _start_step(self, training: list[Any] | None, busy: list[EngineHandle],
+                    moved: bool) -> tuple[list[Any] | None, bool]:
         """Send the next batch to the trainer if one is ready and the last checkpoint is on disk."""
         control = self.control
         if training is None and control.ready() and self._saved(block=not busy):
-            training = self.trainer.train_step.remote(control.take())
-            self._fire("kill_trainer", self.faults.kill_trainer == control.version, self.trainer)
+            training = self._train(control.take())
+            ranks = [self.trainer, *self.peers]
+            self._fire("kill_trainer", self.faults.kill_trainer == control.version,
+                       ranks[self.faults.kill_trainer_rank])
             return training, True
         return training, moved
+
+    def _train(self, batch: list[Rollout]) -> list[Any]:
+        """Start a step on every trainer rank; their futures, rank 0's first. Every rank gets the whole
+        batch (runtime.parallel splits it): one object in Ray's store, read by all ranks."""
+        import ray
+
+        if not self.peers:
+            return [self.trainer.train_step.remote(batch)]
+        ref = ray.put(batch)
+        return [rank.train_step.remote(ref) for rank in (self.trainer, *self.peers)]
+
+    def _step_done(self, training: list[Any]) -> bool:
+        """Every rank returned, or one failed: the others may then wait on it in a collective until the
+        dp group's timeout, so a failure alone ends the step."""
+        import ray
+
+        ready, _ = ray.wait(training, num_returns=len(training), timeout=0)
+        return len(ready) == len(training) or any(isinstance(r, Exception) for r in _gather(ready))
+
+    def _step_result(self, training: list[Any]) -> tuple[StepStats, tuple[tuple[str, float, float], ...]]:
+        """Rank 0's (stats, intervals); every rank's result checked first, in the order they finish, so a
+        dead rank raises TrainerLost at once rather than after the survivors' collective times out."""
+        import ray
+
+        pending = list(training)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            self._trainer_get(ready[0])
+        return self._trainer_get(training[0])  # the ranks' stats are global and equal: rank 0's stand
 
     def _step_engines(self, busy: list[EngineHandle]) -> bool:
         """One iteration on every busy engine at once; a dead one is replaced. True if anything moved."""
@@ -421,12 +512,15 @@ class RayLoop:
             moved = moved or bool(completions)
         return moved
 
-    def _finish_step(self, training: Any) -> None:
+    def _finish_step(self, training: list[Any]) -> None:
         """Collect the step, broadcast its weights to every engine (one collective), move the controller on."""
-        stats, intervals = self._trainer_get(training)
+        stats, intervals = self._step_result(training)
         engine = self._engine_at(self.faults.kill_engine_in_sync, stats.step + 1)
         if engine is not None:
             self._fire("kill_engine_in_sync", True, engine.actor)
+            # ray.kill only asks: a broadcast sent before the kill lands would complete, and the fault
+            # would miss the sync it is meant to break (seen as a flaky test)
+            _await_death(engine.actor)
         version, t0, t1 = self._sync()
         self.control.stepped(stats, intervals, (t0, t1), version)
         engine = self._engine_at(self.faults.kill_engine, version)
@@ -601,9 +695,16 @@ def init_ray(plan: Plan, address: str | None = None, extra_cpus: int = 1) -> Non
              log_to_driver=False, resources={TYPE_RESOURCE.format(t): float(n) for t, n in need.items()})
 
 
-def toy_plan(engines: int, staleness: int, gpu_type: str = TOY_GPU_TYPE) -> Plan:
+def toy_plan(engines: int, staleness: int, gpu_type: str = TOY_GPU_TYPE, dp: int = 1) -> Plan:
     return Plan(mode="async", staleness=staleness, rollout=(RolloutGroup(gpu_type=gpu_type, instances=engines),),
-                trainer=TrainerGroup(gpu_type=gpu_type, dp=1))
+                trainer=TrainerGroup(gpu_type=gpu_type, dp=dp))
+
+
+def check_dp(dp: int, prompts_per_step: int) -> None:
+    """SpecError unless dp ranks can share a step's GRPO groups (one per prompt) equally (runtime.parallel)."""
+    if dp < 1 or prompts_per_step % dp:
+        raise SpecError(f"trainer dp={dp} cannot share a step's {prompts_per_step} GRPO groups equally; "
+                        f"use a dp that divides {prompts_per_step}")
 
 
 def engine_spawner(groups: Sequence[Group], model: PreTrainedModel | str, tokenizer: CharTokenizer, seed: int,
@@ -623,19 +724,37 @@ def engine_spawner(groups: Sequence[Group], model: PreTrainedModel | str, tokeni
     return spawn
 
 
-def start_actors(groups: Sequence[Group], model: PreTrainedModel | str, tokenizer: CharTokenizer,
-                 train: TrainConfig, seed: int, max_batch: int, interruptible: bool,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = SYNC_TIMEOUT_S
-                 ) -> tuple[list[EngineHandle], Any]:
-    """Engines and trainer rank 0 on their placement groups, joined in one sync group."""
+def start_trainers(group: Group, model: PreTrainedModel | str, pad_id: int, train: TrainConfig, seed: int,
+                   timeout_s: float = SYNC_TIMEOUT_S) -> list[Any]:
+    """One trainer actor per bundle of the trainer group, rank r on bundle r; with dp > 1 they form the
+    dp group, whose store rank 0 hosts. Rank 0's actor first."""
+    import ray
+
+    dp = group.actors
+    cls = ray.remote(TrainerWorker)
+    ranks = [cls.options(**group.actor_options(r)).remote(model, pad_id, train, seed, rank=r, dp=dp)
+             for r in range(dp)]
+    if dp > 1:
+        host, port = ray.get(ranks[0].open_dp.remote(timeout_s))
+        # every rank must be inside init_process_group at once: issue all joins, then wait
+        ray.get([rank.join_dp.remote(host, port, timeout_s) for rank in ranks])
+    return ranks
+
+
+def start_fleet(groups: Sequence[Group], model: PreTrainedModel | str, tokenizer: CharTokenizer,
+                train: TrainConfig, seed: int, max_batch: int, interruptible: bool,
+                bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = SYNC_TIMEOUT_S
+                ) -> tuple[list[EngineHandle], list[Any]]:
+    """Engines and every trainer rank on their placement groups; the engines and trainer rank 0 (alone:
+    the other ranks hold the same weights) joined in one sync group. (engine handles, trainer ranks)."""
     import ray
 
     spawn = engine_spawner(groups, model, tokenizer, seed, max_batch, interruptible)
     engines = sum(g.actors for g in groups if g.role == "rollout")
     actors = [spawn(k) for k in range(engines)]
-    trainer_group = next(g for g in groups if g.role == "train")
-    trainer = ray.remote(TrainerWorker).options(**trainer_group.actor_options(0)).remote(
-        model, tokenizer.pad_id, train, seed)
+    ranks = start_trainers(next(g for g in groups if g.role == "train"), model, tokenizer.pad_id, train, seed,
+                           timeout_s)
+    trainer = ranks[0]
     world = len(actors) + 1
     host, port = ray.get(trainer.open_sync.remote(world, timeout_s))
     # every rank must be inside the group's constructor at once: issue all joins, then wait
@@ -644,7 +763,19 @@ def start_actors(groups: Sequence[Group], model: PreTrainedModel | str, tokenize
                for r, a in enumerate(actors))])
     statuses = ray.get([a.status.remote() for a in actors])
     handles = [EngineHandle(f"engine{k}", a, st, k) for k, (a, st) in enumerate(zip(actors, statuses, strict=True))]
-    return handles, trainer
+    return handles, ranks
+
+
+def start_actors(groups: Sequence[Group], model: PreTrainedModel | str, tokenizer: CharTokenizer,
+                 train: TrainConfig, seed: int, max_batch: int, interruptible: bool,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = SYNC_TIMEOUT_S
+                 ) -> tuple[list[EngineHandle], Any]:
+    """Engines and trainer rank 0 of a dp = 1 plan, joined in one sync group (start_fleet for any dp)."""
+    handles, ranks = start_fleet(groups, model, tokenizer, train, seed, max_batch, interruptible, bucket_bytes,
+                                 timeout_s)
+    if len(ranks) != 1:
+        raise ValueError(f"start_actors returns one trainer; this plan has {len(ranks)} ranks (use start_fleet)")
+    return handles, ranks[0]
 
 
 def run_toy_ray(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0, out_dir: str | Path | None = None,
@@ -653,16 +784,20 @@ def run_toy_ray(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0,
                 hidden: int = 64, layers: int = 2, address: str | None = None,
                 progress: Callable[[dict[str, Any]], None] | None = None, checkpoint_every: int = 0,
                 resume: bool = False, identity: dict[str, Any] | None = None, faults: Faults | None = None,
-                sync_timeout_s: float = SYNC_TIMEOUT_S) -> RunResult:
+                sync_timeout_s: float = SYNC_TIMEOUT_S, dp: int = 1) -> RunResult:
     """`runtime.loop.run_toy` with engines and trainer as Ray actors and real weight sync.
 
     Starts a local Ray on loopback (or joins `address`) and leaves it running for the caller to
     shut down (`ray.shutdown()`), so several runs share one start-up. Dead engines are replaced;
     a dead trainer raises `TrainerLost`, and `resume=True` continues the run in `out_dir` from its
     last checkpoint (`checkpoint_every` steps, and at the end).
+
+    `dp` > 1: that many data-parallel trainer ranks (runtime.parallel), one actor each; rank 0 syncs the
+    weights and checkpoints, every rank loads the checkpoint on resume, and a dead rank is a dead trainer.
     """
     import ray
 
+    check_dp(dp, prompts_per_step)
     out = Path(out_dir) if out_dir is not None else None
     task, tokenizer = task or AdditionTask(max_operand=4), CharTokenizer()
     ident = run_identity(task, engines, staleness, seed, prompts_per_step, group_size, hidden, layers, identity)
@@ -672,34 +807,38 @@ def run_toy_ray(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0,
     if out is not None and record is None:
         save_model(model, tokenizer, out / "initial_model")
     before = evaluate(model, task, tokenizer)
-    plan = toy_plan(engines, staleness)
+    plan = toy_plan(engines, staleness, dp=dp)
     init_ray(plan, address)
     groups = place(plan, gpus=False)
     loop: RayLoop | None = None
     actors: list[Any] = []
     try:
-        handles, trainer = start_actors(groups, model, tokenizer, train, seed, max_batch, interruptible,
-                                        timeout_s=sync_timeout_s)
-        actors = [h.actor for h in handles] + [trainer]
+        handles, ranks = start_fleet(groups, model, tokenizer, train, seed, max_batch, interruptible,
+                                     timeout_s=sync_timeout_s)
+        trainer = ranks[0]
+        actors = [h.actor for h in handles] + ranks
         control = Controller(task, tokenizer, LoopConfig(steps, prompts_per_step, group_size, staleness,
                                                          checkpoint_every),
                              seed=seed, out_dir=out, clock=time.time, progress=progress, identity=ident)
         if record is not None:
             assert out is not None
-            ray.get(trainer.load_checkpoint.remote(str(out / record["trainer"])))
+            # rank 0 wrote one file; every rank loads it, so the replicas continue equal
+            ray.get([rank.load_checkpoint.remote(str(out / record["trainer"])) for rank in ranks])
             control.restore(record["controller"], RunRecorder.resume(out, record["records"]))
         loop = RayLoop(control, handles, trainer, out,
                        spawn=engine_spawner(groups, model, tokenizer, seed, max_batch, interruptible),
-                       faults=faults or Faults(), sync=SyncSettings(timeout_s=sync_timeout_s))
+                       faults=faults or Faults(), sync=SyncSettings(timeout_s=sync_timeout_s), peers=ranks[1:])
         t0 = time.time()
         loop.run()
         seconds = time.time() - t0
         model.load_state_dict(ray.get(trainer.weights.remote()))
         version, optimizer_steps = ray.get(trainer.progress.remote())
+        described = tuple(ray.get([rank.describe.remote() for rank in ranks]))
     finally:
         for actor in (loop.actors() if loop is not None else []) + actors:
             ray.kill(actor)
         for g in groups:
             ray.util.remove_placement_group(g.placement_group)
     after = evaluate(model, task, tokenizer)
-    return summarize(control, before, after, task, seconds, out, version, optimizer_steps, loop.restarts)
+    result = summarize(control, before, after, task, seconds, out, version, optimizer_steps, loop.restarts)
+    return dataclasses.replace(result, trainer_ranks=described)

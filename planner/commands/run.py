@@ -9,6 +9,9 @@ redoes at most the step in progress); `--resume DIR` continues that run (a dead 
 stopped early, or one to extend with more `--steps`). A folder without a checkpoint, or with one of
 another plan, task or seed, is refused in one line (exit 2). A dead rollout engine is replaced
 without stopping the run; a dead trainer stops it with one line (exit 1) naming the checkpoint.
+
+A plan whose trainer has dp > 1 trains on that many data-parallel ranks (Ray actors, runtime.parallel);
+dp must divide the step's 16 prompts (GRPO groups), and --local, one process, refuses it.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         import transformers
 
         from runtime.loop import run_toy
-        from runtime.ray_loop import TrainerLost, run_toy_ray
+        from runtime.ray_loop import TrainerLost, check_dp, run_toy_ray
         from runtime.trainer import TrainConfig
     except ImportError as exc:
         raise SpecError(f"rlfleet run needs the runtime extra ({exc.name} is missing): pip install -e '.[runtime]'"
@@ -82,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
     if args.local and args.address:
         raise SpecError("--local runs without Ray; drop --address or --local")
     spec = toy_model(plan)
+    dp = plan.trainer.dp
+    check_dp(dp, PROMPTS_PER_STEP)
+    if dp > 1 and args.local:
+        raise SpecError(f"--local trains in one process; this plan's trainer has dp={dp} ranks (drop --local)")
     cluster = load_cluster(args.cluster) if args.cluster else example_cluster("cpu-host")
     cm = cost_model(args)
     folder = _run_folder(args)
@@ -101,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
                 import ray
 
                 try:
-                    result = run_toy_ray(args.steps, address=args.address, **common)
+                    result = run_toy_ray(args.steps, address=args.address, dp=dp, **common)
                 finally:
                     ray.shutdown()
         except TrainerLost as exc:
@@ -111,18 +118,18 @@ def run(args: argparse.Namespace) -> int:
                                      prompts_per_step=PROMPTS_PER_STEP, group_size=GROUP_SIZE,
                                      ppo_minibatches=TrainConfig().minibatches)
         write_run_spec(out, plan, workload, cluster)
-        # a resumed run's clock restarts: its steady-state window would span the outage
         fid, why = _predict(out, cm, args)
-    summary = {"steps": result.steps, "engines": engines, "staleness_bound": plan.staleness,
+    summary = {"steps": result.steps, "engines": engines, "trainer_dp": dp, "staleness_bound": plan.staleness,
                "eval_before": result.eval_before, "eval_after": result.eval_after, "chance": result.chance,
                "max_staleness": result.max_staleness, "samples_per_s": result.samples_per_s,
                "seconds": result.seconds, "out": folder, "executor": "local" if args.local else "ray",
                "version": result.version, "resumed_from": result.first_step if args.resume else None,
                "engine_restarts": result.engine_restarts, "samples_regenerated": len(result.requeued_sids),
-               "duplicates_dropped": result.duplicates,
+               "duplicates_dropped": result.duplicates, "trainer_ranks": list(result.trainer_ranks),
                "prediction": fid.summary() if fid else {"skipped": why}}
     emit(summary, args.json, [
-        f"{args.task}: {result.steps} steps, {engines} engines, staleness bound {plan.staleness}, "
+        f"{args.task}: {result.steps} steps, {engines} engines, "
+        + (f"{dp} trainer ranks, " if dp > 1 else "") + f"staleness bound {plan.staleness}, "
         + ("in one process" if args.local else "on Ray")
         + (f", resumed from step {result.first_step}" if args.resume else ""),
         *([f"  faults    {result.engine_restarts} engine restarts, {len(result.requeued_sids)} samples "
