@@ -20,8 +20,12 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    fid = predict_run(read_run(args.run_dir), cost_model(args), seed=args.seed)
-    emit(fid.summary(), args.json, lines(fid))
+    record = read_run(args.run_dir)
+    fid = predict_run(record, cost_model(args), seed=args.seed)
+    plan = record.plan
+    head = (f"{args.run_dir}: {record.workload.model.name}, {plan.mode} (staleness {plan.staleness}), "
+            f"{sum(g.instances for g in plan.rollout)} engines, trainer dp{plan.trainer.dp}")
+    emit(fid.summary(), args.json, [head, *lines(fid)])
     return 0
 
 
