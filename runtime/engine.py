@@ -26,9 +26,9 @@ from __future__ import annotations
 import copy
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -102,55 +102,31 @@ def generate(engine: RolloutEngine, requests: Sequence[Request]) -> list[Complet
     return [done[r.sid] for r in requests]
 
 
-@dataclass
-class _Row:
-    """A running sequence (mutable, engine-private)."""
+class EngineBase:
+    """What every rollout engine keeps the same way: the waiting queue, the weights queued for the next
+    iteration boundary, the version, counters and busy intervals. Subclasses hold their running rows
+    in `_rows` (anything with a length) and implement `step` and `load_weights`."""
 
-    request: Request
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-
-    def context(self) -> list[int]:
-        return [*self.request.prompt, *self.tokens]
-
-
-class TorchEngine:
-    def __init__(self, model: PreTrainedModel, eos_id: int, pad_id: int, name: str = "engine0", max_batch: int = 256,
-                 temperature: float = 1.0, seed: int = 0, interruptible: bool = True, version: int = 0,
-                 clock: Callable[[], float] = time.perf_counter, device: str | torch.device = "cpu") -> None:
-        # a private copy: the trainer's updates reach the engine only through load_weights, as on a cluster
-        self.device = torch.device(device)
-        self.model = copy.deepcopy(model).to(self.device).eval()
+    def __init__(self, name: str, max_batch: int, interruptible: bool, version: int,
+                 clock: Callable[[], float]) -> None:
         self.name = name
-        self.eos_id, self.pad_id = eos_id, pad_id
         self.max_batch = max_batch
-        self.temperature = temperature
         self.interruptible = interruptible
         self._version = version
         self._clock = clock
-        self._gen = torch.Generator(device=self.device).manual_seed(seed)
         self._waiting: deque[Request] = deque()
-        self._rows: list[_Row] = []  # in cache row order
-        self._cache: DynamicCache | None = None
-        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [rows, cached columns]: 1 = real
-        self._pos = torch.zeros(0, dtype=torch.long, device=self.device)  # position id of each row's last token
-        self._pending: tuple[dict[str, torch.Tensor], int] | None = None
+        self._rows: Sized = ()
+        self._pending: tuple[Any, int] | None = None  # (weights, version) applied at the next boundary
         self._intervals: list[Interval] = []
         self._completed = self._prefill_tokens = self._generated = self._iterations = self._loads = 0
         self._busy = 0.0
 
-    # -- interface -------------------------------------------------------------------------------
     @property
     def version(self) -> int:
         return self._version
 
     def submit(self, requests: Sequence[Request]) -> None:
         self._waiting.extend(requests)
-
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        # copied now: the sender keeps training its tensors in place while these wait for a boundary
-        self._pending = ({k: v.detach().clone() for k, v in state_dict.items()}, version)
 
     def accepting(self, version: int) -> bool:
         """New requests would start with weights of `version` (a draining engine would run them stale)."""
@@ -175,6 +151,47 @@ class TorchEngine:
         out, self._intervals = self._intervals, []
         return out
 
+    def _record(self, activity: str, start: float, samples: int) -> None:
+        end = self._clock()
+        self._busy += end - start
+        self._intervals.append(Interval(activity, start, end, self._version, samples))
+
+
+@dataclass
+class Row:
+    """A running sequence (mutable, engine-private): what it has generated so far."""
+
+    request: Request
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+    def context(self) -> list[int]:
+        return [*self.request.prompt, *self.tokens]
+
+
+class TorchEngine(EngineBase):
+    def __init__(self, model: PreTrainedModel, eos_id: int, pad_id: int, name: str = "engine0", max_batch: int = 256,
+                 temperature: float = 1.0, seed: int = 0, interruptible: bool = True, version: int = 0,
+                 clock: Callable[[], float] = time.perf_counter, device: str | torch.device = "cpu") -> None:
+        super().__init__(name, max_batch, interruptible, version, clock)
+        # a private copy: the trainer's updates reach the engine only through load_weights, as on a cluster
+        self.device = torch.device(device)
+        self.model = copy.deepcopy(model).to(self.device).eval()
+        self.eos_id, self.pad_id = eos_id, pad_id
+        self.temperature = temperature
+        self._gen = torch.Generator(device=self.device).manual_seed(seed)
+        self._rows: list[Row] = []  # in cache row order
+        self._cache: DynamicCache | None = None
+        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [rows, cached columns]: 1 = real
+        self._pos = torch.zeros(0, dtype=torch.long, device=self.device)  # position id of each row's last token
+        self._pending: tuple[dict[str, torch.Tensor], int] | None = None
+
+    # -- interface (the rest is EngineBase's) -------------------------------------------------------
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        # copied now: the sender keeps training its tensors in place while these wait for a boundary
+        self._pending = ({k: v.detach().clone() for k, v in state_dict.items()}, version)
+
     # -- one iteration ---------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[Completion]:
@@ -188,7 +205,7 @@ class TorchEngine:
             while self._waiting and len(self._rows) + len(admit) < self.max_batch:
                 admit.append(self._waiting.popleft())
         if admit:
-            fresh = self._prefill([_Row(r) for r in admit], "prefill")
+            fresh = self._prefill([Row(r) for r in admit], "prefill")
             logits = fresh if logits is None else torch.cat([logits, fresh])
         if logits is None:
             return []
@@ -210,7 +227,7 @@ class TorchEngine:
         self._mask, self._pos = self._mask[:0, :0], self._pos[:0]
         return self._prefill(rows, "reprefill")
 
-    def _prefill(self, rows: list[_Row], activity: str) -> torch.Tensor:
+    def _prefill(self, rows: list[Row], activity: str) -> torch.Tensor:
         """Run the rows' full contexts (left-padded together), append them to the batch; next-token logits."""
         t0 = self._clock()
         contexts = [r.context() for r in rows]
@@ -229,7 +246,7 @@ class TorchEngine:
         self._record(activity, t0, len(rows))
         return out.logits[:, -1].float()
 
-    def _merge(self, rows: list[_Row], cache: DynamicCache, mask: torch.Tensor, next_pos: torch.Tensor) -> None:
+    def _merge(self, rows: list[Row], cache: DynamicCache, mask: torch.Tensor, next_pos: torch.Tensor) -> None:
         """Append new cache rows under the running ones, left-padding whichever is shorter."""
         if self._cache is None:
             self._rows, self._cache, self._mask, self._pos = list(rows), cache, mask, next_pos
@@ -301,8 +318,3 @@ class TorchEngine:
         for layer in self._cache.layers:
             layer.keys = layer.keys[index, :, first:]
             layer.values = layer.values[index, :, first:]
-
-    def _record(self, activity: str, start: float, samples: int) -> None:
-        end = self._clock()
-        self._busy += end - start
-        self._intervals.append(Interval(activity, start, end, self._version, samples))

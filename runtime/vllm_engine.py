@@ -30,15 +30,13 @@ import shutil
 import sys
 import tempfile
 import time
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from runtime.engine import Completion, EngineStats, Interval, Request
+from runtime.engine import Completion, EngineBase, Row
 from runtime.sync import DEFAULT_BUCKET_BYTES
 
 WORKER_EXTENSION = "runtime.vllm_worker.WeightSyncExtension"
@@ -67,23 +65,14 @@ def cpu_env(base: Mapping[str, str] | None = None, kv_cache_gib: int = 1) -> dic
     return env
 
 
-@dataclass
-class _Row:
-    """A request in flight (engine-private): what it has so far, and its id inside vLLM."""
-
-    request: Request
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-
-    def context(self) -> list[int]:
-        return [*self.request.prompt, *self.tokens]
+class _Row(Row):
+    """A request in flight: the shared row, plus how many tokens it may still generate."""
 
     def budget(self) -> int:
         return self.request.max_new_tokens - len(self.tokens)
 
 
-class VllmEngine:
+class VllmEngine(EngineBase):
     def __init__(self, model: str | os.PathLike[str], eos_id: int, name: str = "engine0", max_batch: int = 256,
                  temperature: float = 1.0, seed: int = 0, interruptible: bool = True, version: int = 0,
                  clock: Callable[[], float] = time.perf_counter, **llm_kwargs: Any) -> None:
@@ -97,37 +86,22 @@ class VllmEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
-        self.name = name
+        super().__init__(name, max_batch, interruptible, version, clock)
         self.eos_id = eos_id
-        self.max_batch = max_batch
         self.temperature = temperature
         self.seed = seed
-        self.interruptible = interruptible
-        self._version = version
-        self._clock = clock
         self.llm = LLM(model=str(model), skip_tokenizer_init=True, worker_extension_cls=WORKER_EXTENSION,
                        max_num_seqs=max_batch, seed=seed, logprobs_mode="processed_logprobs",
                        generation_config="vllm",  # sampling is set here, not by the checkpoint's defaults
                        **llm_kwargs)
         self._engine = self.llm.llm_engine
         self._tmp = Path(tempfile.mkdtemp(prefix=f"rlfleet-{name}-"))  # weight files of `load_weights`
-        self._waiting: deque[Request] = deque()
         self._rows: dict[str, _Row] = {}  # by vLLM request id, in submission order
         self._pending: tuple[str, int] | None = None  # (weight file or _RECEIVED, version)
         self._submissions = self._files = 0
         self._activity = "decode"  # what the next vLLM iteration mostly does
-        self._intervals: list[Interval] = []
-        self._completed = self._prefill_tokens = self._generated = self._iterations = self._loads = 0
-        self._busy = 0.0
 
     # -- interface -------------------------------------------------------------------------------
-    @property
-    def version(self) -> int:
-        return self._version
-
-    def submit(self, requests: Sequence[Request]) -> None:
-        self._waiting.extend(requests)
-
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Queue a state dict (Hugging Face names); written to a file now, since the sender keeps training it."""
         from safetensors.torch import save_file
@@ -136,29 +110,6 @@ class VllmEngine:
         self._files += 1
         save_file(_distinct(state_dict), str(path))
         self._queue((str(path), version))
-
-    def accepting(self, version: int) -> bool:
-        """New requests would start with weights of `version` (a draining engine would run them stale)."""
-        if self._pending is None:
-            return self._version == version
-        return self.interruptible and self._pending[1] == version
-
-    def load(self) -> int:
-        return len(self._rows) + len(self._waiting)
-
-    def capacity(self) -> int:
-        return self.max_batch
-
-    def idle(self) -> bool:
-        return not self._rows and not self._waiting
-
-    def stats(self) -> EngineStats:
-        return EngineStats(self.name, self._version, len(self._rows), len(self._waiting), self._completed,
-                           self._prefill_tokens, self._generated, self._iterations, self._loads, self._busy)
-
-    def drain_intervals(self) -> list[Interval]:
-        out, self._intervals = self._intervals, []
-        return out
 
     # -- the runtime's sync group ----------------------------------------------------------------
     @property
@@ -274,11 +225,6 @@ class VllmEngine:
                                        tuple(row.versions), row.tokens[-1:] == [self.eos_id]))
         self._completed += len(done)
         return done
-
-    def _record(self, activity: str, start: float, samples: int) -> None:
-        end = self._clock()
-        self._busy += end - start
-        self._intervals.append(Interval(activity, start, end, self._version, samples))
 
 
 def _distinct(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
