@@ -15,8 +15,9 @@ each shape is a warm-up and is discarded. Rows come out in the traces profile-ta
 (traces.costmodel.tables.COLUMNS) with source "measured: ...", which the cost model prefers to its
 roofline wherever they reach.
 
-On a GPU host `device="cuda"` would time CUDA kernels; the runtime's engine and trainer run on CPU
-tensors today, and no GPU was available to check that path, so `profile` refuses any other device.
+On a GPU host `device="cuda"` times the same engine and trainer on the GPU (synchronising before each
+clock reading) and skips the sync rows (gloo between CPU processes only). No GPU was available to run
+that path here: it is wired, not tested.
 """
 
 from __future__ import annotations
@@ -108,34 +109,51 @@ def profile(spec: ModelSpec, gpu_type: str, grid: Grid | None = None, device: st
     """Measure every stage over `grid`; rows in the profile-table format, tagged as measured."""
     grid = grid or Grid()
     grid.check()
-    if device != "cpu":
-        raise SpecError(f"device {device!r}: the runtime's engine and trainer run on CPU tensors today; "
-                        "profile with --device cpu (GPU profiling is not wired yet)")
+    dev = _device(device)
     model = build(spec, grid)
     source = (f"measured: rlfleet profile on {platform.node() or 'this host'} ({platform.machine()}), "
               f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {datetime.date.today()}")
     rows: list[dict[str, object]] = []
     base = {"gpu_type": gpu_type, "model": spec.name, "tp": 1, "pp": 1, "dp": 1, "batch": 0, "context": 0,
             "tokens": 0, "source": source}
-    for row in _engine_rows(model, spec, grid, tick):
+    for row in _engine_rows(model, spec, grid, tick, dev):
         rows.append({**base, **row})
-    for row in _trainer_rows(model, spec, grid, tick):
+    for row in _trainer_rows(model, spec, grid, tick, dev):
         rows.append({**base, **row})
-    for row in _sync_rows(model, grid, tick):
-        rows.append({**base, **row})
+    if dev.type == "cpu":  # sync is timed over gloo between CPU processes; NCCL timing is not wired
+        for row in _sync_rows(model, grid, tick):
+            rows.append({**base, **row})
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
+def _device(name: str) -> torch.device:
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise SpecError(f"--device {name!r} is not a torch device; use cpu or cuda") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise SpecError(f"--device {name!r}: profile on cpu or cuda")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SpecError(f"--device {name!r}: no CUDA device here; profile with --device cpu")
+    return dev
+
+
+def _sync(dev: torch.device) -> None:
+    """Wall times must include the kernels: CUDA launches return before they finish."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
 # ---- engine ------------------------------------------------------------------------------------
-def _engine_rows(model: torch.nn.Module, spec: ModelSpec, grid: Grid, tick: Callable[[], None]
-                 ) -> Iterator[dict[str, object]]:
+def _engine_rows(model: torch.nn.Module, spec: ModelSpec, grid: Grid, tick: Callable[[], None],
+                 dev: torch.device) -> Iterator[dict[str, object]]:
     gen = torch.Generator().manual_seed(0)
     for batch in grid.batches:
         for context in grid.contexts:
             prefill: list[float] = []
             decode: list[list[float]] = []
             for _ in range(grid.repeats + 1):  # the first pass warms up this shape
-                p, d = _engine_pass(model, spec, batch, context, grid.decode_steps, gen)
+                p, d = _engine_pass(model, spec, batch, context, grid.decode_steps, gen, dev)
                 prefill.append(p)
                 decode.append(d)
             yield {"stage": "prefill", "batch": batch, "context": context, "tokens": batch * context,
@@ -148,23 +166,26 @@ def _engine_rows(model: torch.nn.Module, spec: ModelSpec, grid: Grid, tick: Call
 
 
 def _engine_pass(model: torch.nn.Module, spec: ModelSpec, batch: int, context: int, steps: int,
-                 gen: torch.Generator) -> tuple[float, list[float]]:
+                 gen: torch.Generator, dev: torch.device) -> tuple[float, list[float]]:
     """One admission of `batch` prompts, then `steps` decode iterations: their step() wall times."""
-    engine = TorchEngine(model, eos_id=NO_EOS, pad_id=0, max_batch=batch, seed=1)
+    engine = TorchEngine(model, eos_id=NO_EOS, pad_id=0, max_batch=batch, seed=1, device=dev)
     prompts = torch.randint(3, spec.vocab, (batch, context), generator=gen).tolist()
     engine.submit([Request(i, tuple(p), steps + 1) for i, p in enumerate(prompts)])
     times = []
     for _ in range(steps + 1):
         t0 = time.perf_counter()
         engine.step()
+        _sync(dev)
         times.append(time.perf_counter() - t0)
     return times[0], times[1:]
 
 
 # ---- trainer -----------------------------------------------------------------------------------
-def _trainer_rows(model: torch.nn.Module, spec: ModelSpec, grid: Grid, tick: Callable[[], None]
-                  ) -> Iterator[dict[str, object]]:
-    trainer = Trainer(model, pad_id=0, config=TrainConfig(minibatches=1))
+def _trainer_rows(model: torch.nn.Module, spec: ModelSpec, grid: Grid, tick: Callable[[], None],
+                  dev: torch.device) -> Iterator[dict[str, object]]:
+    # the trainer's own interval clock, synchronised on a GPU so an interval ends when its kernels do
+    trainer = Trainer(model, pad_id=0, config=TrainConfig(minibatches=1), device=dev,
+                      clock=lambda: (_sync(dev), time.perf_counter())[1])
     gen = torch.Generator().manual_seed(1)
     for tokens in grid.train_tokens:
         batch = _synthetic_batch(spec, tokens // grid.seq_len, grid.seq_len, gen)

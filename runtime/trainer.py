@@ -133,6 +133,9 @@ class Packed:
     behav: torch.Tensor
     versions: torch.Tensor
 
+    def to(self, device: torch.device) -> Packed:
+        return Packed(*(t.to(device) for t in (self.ids, self.attention, self.response, self.behav, self.versions)))
+
 
 def pack(rollouts: list[Rollout], pad_id: int) -> Packed:
     width = max(len(r.prompt) + len(r.tokens) for r in rollouts)
@@ -170,8 +173,11 @@ def _logprobs_and_entropy(model: PreTrainedModel, ids: torch.Tensor, attention: 
 
 class Trainer:
     def __init__(self, model: PreTrainedModel, pad_id: int, config: TrainConfig | None = None, seed: int = 0,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
-        self.model = copy.deepcopy(model).train()
+                 clock: Callable[[], float] = time.perf_counter, device: str | torch.device = "cpu") -> None:
+        # on a GPU the batch is packed on the host and moved once; weights() then hands out device
+        # tensors, which the sync group must move over NCCL (runtime.sync); only the CPU has run here
+        self.device = torch.device(device)
+        self.model = copy.deepcopy(model).to(self.device).train()
         self.clock = clock
         # (activity, start, end) of the last step: logprob (proximal pass) and train (the updates)
         self.last_intervals: tuple[tuple[str, float, float], ...] = ()
@@ -185,9 +191,9 @@ class Trainer:
         """One step: recompute proximal logprobs, then Adam over `minibatches` shuffled minibatches."""
         cfg = self.config
         step = self.version
-        batch = pack(rollouts, self.pad_id)
-        rewards = torch.tensor([r.reward for r in rollouts])
-        adv = grpo_advantages(rewards, torch.tensor([r.group for r in rollouts]), cfg.adv_eps)
+        batch = pack(rollouts, self.pad_id).to(self.device)
+        rewards = torch.tensor([r.reward for r in rollouts], device=self.device)
+        adv = grpo_advantages(rewards, torch.tensor([r.group for r in rollouts], device=self.device), cfg.adv_eps)
         adv_tokens = adv[:, None].expand_as(batch.behav)
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr_at(step)

@@ -31,7 +31,7 @@ def register(sub: Any) -> None:
                    "(e.g. tiny-llama; see `rlfleet catalog`)")
     p.add_argument("--gpu-type", required=True, help="the catalog type to file the rows under (CPU on a CPU host)")
     p.add_argument("--out", metavar="CSV", help="write the rows here (default profile-<TYPE>-<MODEL>.csv)")
-    p.add_argument("--device", default="cpu", help="torch device (default cpu; only cpu is wired today)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu; cuda is untested)")
     p.add_argument("--batches", type=_int_list, default=None, help="engine batch sizes, e.g. 1,4,16,64,256")
     p.add_argument("--contexts", type=_int_list, default=None, help="prompt lengths, e.g. 4,16,48")
     p.add_argument("--train-tokens", type=_int_list, default=None, help="tokens per train step, e.g. 256,1024,4096")
