@@ -52,9 +52,10 @@ from runtime.trainer import (
     StepStats,
     TrainConfig,
     Trainer,
-    _logprobs_and_entropy,
     decoupled_ppo_loss,
     grpo_advantages,
+    logprobs_and_entropy,
+    minibatch_rows,
     pack,
 )
 
@@ -118,16 +119,6 @@ def shard_rows(groups: Sequence[int], rank: int, world_size: int) -> tuple[int, 
     per_rank = len(order) // world_size
     mine = set(order[rank * per_rank:(rank + 1) * per_rank])
     return tuple(i for i, g in enumerate(groups) if g in mine)
-
-
-def minibatch_rows(rows: int, minibatches: int, seed: int, step: int) -> list[torch.Tensor]:
-    """The global minibatches of a step, drawn as `Trainer.train_step` draws them.
-
-    Same generator, seed rule and cut, so a dp=k step trains on the same minibatches as a dp=1 step;
-    the parity test fails if the two ever drift apart.
-    """
-    order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed * 100_003 + step))
-    return list(order.chunk(min(minibatches, rows)))
 
 
 def step_fingerprint(rollouts: Sequence[Rollout], seed: int, version: int, config: TrainConfig) -> int:
@@ -231,7 +222,7 @@ class DataParallelTrainer(Trainer):
         t0 = self.clock()
         with torch.no_grad():
             self.model.eval()  # the proximal pass is an inference, on this rank's rows only
-            prox = _logprobs_and_entropy(self.model, batch.ids, batch.attention, cfg.temperature)[0]
+            prox = logprobs_and_entropy(self.model, batch.ids, batch.attention, cfg.temperature)[0]
             self.model.train()
         t1 = self.clock()
         local = {g: i for i, g in enumerate(rows)}  # global row -> row of this rank's packed batch
@@ -254,7 +245,7 @@ class DataParallelTrainer(Trainer):
         # no rows here: a forward on row 0 with every token masked, for a zero gradient in DDP's all-reduce
         idx = torch.tensor(mine or [0], device=self.device)
         mask = batch.response[idx] if mine else torch.zeros_like(batch.response[idx])
-        logp, entropy = _logprobs_and_entropy(self.wrapped, batch.ids[idx], batch.attention[idx], cfg.temperature)
+        logp, entropy = logprobs_and_entropy(self.wrapped, batch.ids[idx], batch.attention[idx], cfg.temperature)
         loss, stats = decoupled_ppo_loss(logp, prox[idx], batch.behav[idx], adv_tokens[idx], mask,
                                          cfg.clip_eps, cfg.behav_weight_cap)
         n = mask.sum()

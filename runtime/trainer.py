@@ -159,10 +159,17 @@ def pack(rollouts: list[Rollout], pad_id: int) -> Packed:
 def token_logprobs(model: PreTrainedModel, ids: torch.Tensor, attention: torch.Tensor,
                    temperature: float = 1.0) -> torch.Tensor:
     """log pi(ids[:, t + 1] | ids[:, :t + 1]) for every t: [rows, width - 1]."""
-    return _logprobs_and_entropy(model, ids, attention, temperature)[0]
+    return logprobs_and_entropy(model, ids, attention, temperature)[0]
 
 
-def _logprobs_and_entropy(model: PreTrainedModel, ids: torch.Tensor, attention: torch.Tensor,
+def minibatch_rows(rows: int, minibatches: int, seed: int, step: int) -> list[torch.Tensor]:
+    """A step's minibatches of row indices: a permutation seeded by (seed, step), cut in equal parts.
+    Data-parallel ranks (runtime.parallel) draw the same ones, so a dp=k step trains what dp=1 would."""
+    order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed * 100_003 + step))
+    return list(order.chunk(min(minibatches, rows)))
+
+
+def logprobs_and_entropy(model: PreTrainedModel, ids: torch.Tensor, attention: torch.Tensor,
                           temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     positions = (attention.cumsum(-1) - 1).clamp(min=0)  # same rule as the engine's left-padded rows
     logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits[:, :-1].float()
@@ -203,12 +210,11 @@ class Trainer:
             prox = token_logprobs(self.model, batch.ids, batch.attention, cfg.temperature)
             self.model.train()
         t1 = self.clock()
-        order = torch.randperm(len(rollouts), generator=torch.Generator().manual_seed(self.seed * 100_003 + step))
         losses: list[LossStats] = []
         norms: list[float] = []
         entropies: list[float] = []
-        for part in order.chunk(min(cfg.minibatches, len(rollouts))):
-            logp, entropy = _logprobs_and_entropy(self.model, batch.ids[part], batch.attention[part],
+        for part in minibatch_rows(len(rollouts), cfg.minibatches, self.seed, step):
+            logp, entropy = logprobs_and_entropy(self.model, batch.ids[part], batch.attention[part],
                                                   cfg.temperature)
             loss, stats = decoupled_ppo_loss(logp, prox[part], batch.behav[part], adv_tokens[part],
                                              batch.response[part], cfg.clip_eps, cfg.behav_weight_cap)
