@@ -8,13 +8,12 @@ iterations (S grows by B per iteration) are then closed-form arithmetic series p
 
 from __future__ import annotations
 
-import bisect
-import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 
+from sim.kernels import jump_total, jump_totals, prefill_many, prefill_one
 from traces import CostModel, GpuType, ModelSpec
 
 GRID_POINTS = 64
@@ -55,65 +54,12 @@ class DecodeTable:
 
     def total(self, b: int, s0: float, k: int) -> float:
         """Seconds of k iterations starting at total context s0: sum_{j<k} t(b, s0 + b j)."""
-        if k <= 0:
-            return 0.0
-        bases, slopes, ds = self.base[b], self.slope[b], self.ds
-        last = GRID_POINTS - 2
-        out, j = 0.0, 0
-        while j < k:
-            c = int((s0 + b * j) / ds)  # the grid cell
-            if c >= last:
-                c, j_end = last, k  # the last cell extends to infinity
-            else:
-                c = max(c, 0)
-                # last j still inside this cell
-                j_end = min(k, max(j + 1, math.ceil(((c + 1) * ds - s0) / b)))
-            n = j_end - j
-            slope = slopes[c]
-            # sum over j..j_end-1 of base + slope (s0 + b j)
-            out += n * (bases[c] + slope * s0) + slope * b * (j + j_end - 1) * n / 2
-            j = j_end
-        return out
+        return jump_total(self.base_arr, self.slope_arr, self.ds, b, s0, k)
 
     def totals(self, b: np.ndarray, s0: np.ndarray, k: np.ndarray) -> np.ndarray:
-        """`total` of many jumps at once, bit for bit: the same arithmetic, element-wise.
-
-        Round r adds every jump's r-th grid cell, so each jump's sum is built in the scalar order;
-        most jumps lie in one cell (a cell spans kv/63 tokens of context) and drop out after round 0.
-        """
+        """`total` of many jumps at once, bit for bit: the same arithmetic, compiled (sim.kernels)."""
         b, s0, k = np.asarray(b, np.int64), np.asarray(s0, np.float64), np.asarray(k, np.int64)
-        bf = b.astype(np.float64)  # exact: numpy casts b to float in every mixed operation anyway
-        # round 0 over every jump without gathers (j = 0; a jump with k = 0 sums nothing)
-        out, j_end = self._cell_sums(b, bf, s0, None, k)
-        out[k <= 0] = 0.0
-        idx = np.flatnonzero(j_end < k)
-        j = j_end
-        while len(idx):
-            part, ends = self._cell_sums(b[idx], bf[idx], s0[idx], j[idx], k[idx])
-            out[idx] += part
-            j[idx] = ends
-            idx = idx[ends < k[idx]]
-        return out
-
-    def _cell_sums(self, bb: np.ndarray, bf: np.ndarray, ss: np.ndarray, jj: np.ndarray | None, kk: np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray]:
-        """One round of `totals`: the iterations from jj (None: 0) that lie in the grid cell where jj
-        falls (all of them in the last cell), summed; and the iteration after them. Integers are
-        cast to float where the scalar formula mixes them with floats, once (the same values)."""
-        last = GRID_POINTS - 2
-        # int() truncates; contexts are >= 0 (and s0 + b * 0 is s0)
-        c = ((ss if jj is None else ss + bb * jj) / self.ds).astype(np.int64)
-        tail = c >= last  # the last cell extends to infinity
-        c = np.clip(c, 0, last)
-        first = 1 if jj is None else jj + 1
-        with np.errstate(divide="ignore", invalid="ignore"):  # b = 0 only where k = 0 (ignored)
-            j_end = np.ceil(((c + 1) * self.ds - ss) / bf)
-            j_end = np.where(tail, kk, np.minimum(kk, np.maximum(first, j_end).astype(np.int64)))
-        n = (j_end if jj is None else j_end - jj).astype(np.float64)
-        pairs = (j_end - 1 if jj is None else jj + j_end - 1).astype(np.float64)
-        at = bb * self.slope_arr.shape[1] + c  # one flat index for both tables
-        slope = self.slope_arr.ravel()[at]
-        return n * (self.base_arr.ravel()[at] + slope * ss) + slope * bf * pairs * n / 2, j_end
+        return jump_totals(self.base_arr, self.slope_arr, self.ds, b, s0, k)
 
     def _bracket(self, b: np.ndarray, s0: np.ndarray, k: np.ndarray, seconds: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray]:
@@ -213,41 +159,13 @@ class PrefillCurve:
         return cls(tuple(np.log(tokens).tolist()), tuple(np.log(secs).tolist()))
 
     def __call__(self, tokens: float) -> float:
-        if tokens <= 0:
-            return 0.0
-        return float(np.exp(self._interp(math.log(tokens))))
+        return prefill_one(*self._grid, float(tokens))
 
     def many(self, tokens: np.ndarray) -> np.ndarray:
-        """`self(t)` for every t, the same bits: math.log and math.exp per element (numpy's may
-        differ from them in the last place), the interpolation as numpy arithmetic (the same formula)."""
-        out = np.zeros(len(tokens))
-        pos = np.flatnonzero(tokens > 0)
-        if not len(pos):
-            return out
-        x = np.array(list(map(math.log, tokens[pos].tolist())))
-        xs, ys = self._grid
-        j = np.clip(np.searchsorted(xs, x, "right") - 1, 0, len(xs) - 2)
-        slope = (ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j])
-        y = np.where(xs[j] == x, ys[j], slope * (x - xs[j]) + ys[j])
-        y = np.where(x >= xs[-1], ys[-1], np.where(x <= xs[0], ys[0], y))
-        out[pos] = list(map(math.exp, y.tolist()))
-        return out
+        """`self(t)` for every t."""
+        return prefill_many(*self._grid, np.asarray(tokens, np.float64))
 
     @cached_property
     def _grid(self) -> tuple[np.ndarray, np.ndarray]:
-        """The log grid as arrays (made once: `many` runs at every fleet-wide prefill)."""
+        """The log grid as arrays (made once: the event loop prefills at every admission)."""
         return np.array(self.log_tokens), np.array(self.log_seconds)
-
-    def _interp(self, x: float) -> float:
-        """np.interp(x, log_tokens, log_seconds) for one x, without numpy's per-call overhead:
-        the same formula (numpy's compiled_base.c), so the same bits."""
-        xs, ys = self.log_tokens, self.log_seconds
-        if x >= xs[-1]:
-            return ys[-1]
-        if x <= xs[0]:
-            return ys[0]
-        j = bisect.bisect_right(xs, x) - 1
-        if xs[j] == x:
-            return ys[j]
-        slope = (ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j])
-        return slope * (x - xs[j]) + ys[j]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.costs import DecodeTable
+from sim.kernels import plan_clock, plan_jumps
 from sim.pending import Chunk
 
 
@@ -153,60 +154,13 @@ def plan_flat(eng: np.ndarray, sid: np.ndarray, fin: np.ndarray, joined: np.ndar
     sizes = np.bincount(eng, minlength=n_eng)
     order = _by_engine(eng, fin, sid, progress)
     eng, sid, fin, joined = eng[order], sid[order], fin[order], joined[order]
-    # jumps: one per distinct finishing point of each engine
-    new = np.ones(len(fin), bool)
-    new[1:] = (eng[1:] != eng[:-1]) | (fin[1:] != fin[:-1])
-    first = np.flatnonzero(new)
-    je = eng[first]
-    done = np.diff(np.append(first, len(fin)))
-    freed = np.add.reduceat(exit_tokens[sid], first) if len(first) else np.zeros(0, np.int64)
-    first_jump = np.searchsorted(je, np.arange(n_eng))  # each engine's first jump
-    count = np.diff(np.append(first_jump, len(je)))
-    busy = count > 0
-    rank = np.arange(len(je)) - first_jump[je]
-    gone = np.cumsum(done) - done  # completed before this jump, counted across engines
-    b = sizes[je] - (gone - gone[first_jump[je]])
-    prev = np.empty_like(fin[first])
-    prev[1:] = fin[first][:-1]
-    prev[first_jump[busy]] = progress[busy]
-    k = fin[first] - prev
-    grow = b * k - freed
-    grown = np.cumsum(grow) - grow
-    s = context[je] + (grown - grown[first_jump[je]]).astype(np.float64)  # integers: exact either way
-    # (kv - s) // b >= k, exactly: the cache holds the jump (integer-valued floats below 2^53, so
-    # the floor division is exact and the comparison needs none)
-    fits = kv[je] - s >= b * k
-    # each engine's plan ends before its first jump that would overflow, or after its first
-    # completion if it must decide then
-    m = np.zeros(n_eng, np.int64)
-    if len(je):
-        m[busy] = np.minimum.reduceat(np.where(fits, count[je], rank), first_jump[busy])
-    m = np.where(stop, np.minimum(m, 1), m)
-    for e in np.flatnonzero(busy & (m == 0)):  # the first jump overflows: run it up to the overflow alone
-        j = first_jump[e]
-        r = int(np.floor_divide(kv[e] - s[j], b[j]))  # iterations the cache still holds
-        k0 = max(1, min(int(k[j]), r)) if r >= 1 else 1
-        if k0 != k[j]:
-            done[j] = freed[j] = 0
-        k[j], m[e] = k0, 1
-    keep = rank < m[je]
-    if not keep.all():  # most plans run until their batch drains
-        b, s, k, done, freed, je, rank = b[keep], s[keep], k[keep], done[keep], freed[keep], je[keep], rank[keep]
+    je, b, s, k, done, freed, m = plan_jumps(eng, fin, exit_tokens[sid], sizes, progress, context, kv, stop)
     durations = _durations(tables, je, b, s, k)
-    # each engine's clock: sequential sums from its t0, as chained timeouts would give
-    width = int(m.max(initial=0)) + 1
-    at = je * width + rank  # jump j starts at clock[at[j]] and ends at clock[at[j] + 1] (row-major)
-    clock = np.zeros((n_eng, width))
-    clock[:, 0] = t0
-    clock.ravel()[at + 1] = durations
-    clock = np.cumsum(clock, axis=1).ravel()
-    starts, ends = clock[at], clock[at + 1]
+    starts, ends, k_through = plan_clock(m, t0, durations, k)
     after = s + (b * k - freed)
     bounds = np.append(0, np.cumsum(m))
     cum = np.cumsum(done)
     offsets = np.append(0, cum)[bounds[:-1]]
-    ck = np.cumsum(k)
-    k_through = ck - np.append(0, ck)[np.repeat(bounds[:-1], m)]  # integers: exact
     rows = np.append(0, np.cumsum(sizes))
     return FlatPlans(rows, sid, fin, joined, bounds, je, b, s, k, ends, starts, done, after, cum, offsets, k_through,
                      order)

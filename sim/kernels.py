@@ -1,0 +1,145 @@
+"""The simulator's inner loops, compiled with numba.
+
+Each kernel is the scalar arithmetic of the function it serves (named in its docstring), in the
+same order, so a compiled run gives the same bits as the Python formulas: no fastmath, so no
+reassociation or fused multiply-adds. The fleet-wide passes run on tens of thousands of samples
+at every weight push; as numpy expressions they cost one pass over memory per operation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def jump_total(base: np.ndarray, slope: np.ndarray, ds: float, b: int, s0: float, k: int) -> float:
+    """sim.costs.DecodeTable.total on the table's arrays: sum_{j<k} t(b, s0 + b j), cell by cell
+    of the context grid (linear within a cell: an arithmetic series)."""
+    if k <= 0:
+        return 0.0
+    last = base.shape[1] - 1  # the last cell extends to infinity
+    out = 0.0
+    j = 0
+    while j < k:
+        c = int((s0 + b * j) / ds)
+        if c >= last:
+            c = last
+            j_end = k
+        else:
+            c = max(c, 0)
+            j_end = min(k, max(j + 1, math.ceil(((c + 1) * ds - s0) / b)))
+        n = j_end - j
+        sl = slope[b, c]
+        out += n * (base[b, c] + sl * s0) + sl * b * (j + j_end - 1) * n / 2
+        j = j_end
+    return out
+
+
+@njit(cache=True)
+def jump_totals(base: np.ndarray, slope: np.ndarray, ds: float, b: np.ndarray, s0: np.ndarray, k: np.ndarray
+                ) -> np.ndarray:
+    """`jump_total` of every jump."""
+    out = np.empty(len(k))
+    for i in range(len(k)):
+        out[i] = jump_total(base, slope, ds, b[i], s0[i], k[i])
+    return out
+
+
+@njit(cache=True)
+def plan_jumps(eng: np.ndarray, fin: np.ndarray, freed_row: np.ndarray, sizes: np.ndarray, progress: np.ndarray,
+               context: np.ndarray, kv: np.ndarray, stop: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The jumps of sim.planning.plan_flat, from samples sorted by (engine, finish, sid): one per
+    distinct finishing point of an engine, b running for k iterations from total context s, kept
+    while the KV cache holds (and only the first when the engine stops at its first completion; a
+    first jump that overflows runs alone up to the overflow). Returns, per kept jump, its engine,
+    b, s, k, completions and freed KV tokens, and per engine its number of kept jumps."""
+    n_rows, n_eng = len(fin), len(sizes)
+    je = np.empty(n_rows, np.int64)
+    b = np.empty(n_rows, np.int64)
+    s = np.empty(n_rows, np.float64)
+    k = np.empty(n_rows, np.int64)
+    done = np.empty(n_rows, np.int64)
+    freed = np.empty(n_rows, np.int64)
+    m = np.zeros(n_eng, np.int64)
+    n = 0  # kept jumps so far
+    r = 0
+    while r < n_rows:
+        e = eng[r]
+        end = r + sizes[e]  # this engine's rows
+        left, grown, prev, rank, overflowed = sizes[e], 0, progress[e], 0, False
+        while r < end and not overflowed and not (stop[e] and rank == 1):
+            f = fin[r]
+            q, fr = r, 0
+            while q < end and fin[q] == f:
+                fr += freed_row[q]
+                q += 1
+            kk = f - prev
+            ss = context[e] + float(grown)  # integers below 2^53: exact
+            if not kv[e] - ss >= left * kk:  # the cache would overflow during this jump
+                if rank > 0:
+                    break
+                room = (kv[e] - ss) // left  # iterations the cache still holds
+                k0 = max(1, min(kk, int(room))) if room >= 1 else 1
+                if k0 != kk:
+                    q, fr = r, 0  # it stops before its completions
+                kk, overflowed = k0, True
+            je[n], b[n], s[n], k[n], done[n], freed[n] = e, left, ss, kk, q - r, fr
+            n += 1
+            grown += left * kk - fr
+            left -= q - r
+            prev, rank, r = f, rank + 1, q
+        m[e] = rank
+        r = end
+    return je[:n], b[:n], s[:n], k[:n], done[:n], freed[:n], m
+
+
+@njit(cache=True)
+def plan_clock(m: np.ndarray, t0: np.ndarray, durations: np.ndarray, k: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each jump's start and end (every engine's clock a sequential sum from its t0, as chained
+    timeouts would give) and its engine's iterations through its end."""
+    n = len(k)
+    starts, ends = np.empty(n), np.empty(n)
+    k_through = np.empty(n, np.int64)
+    j = 0
+    for e in range(len(m)):
+        clock, iterations = t0[e], 0
+        for _ in range(m[e]):
+            starts[j] = clock
+            clock = clock + durations[j]
+            ends[j] = clock
+            iterations += k[j]
+            k_through[j] = iterations
+            j += 1
+    return starts, ends, k_through
+
+
+@njit(cache=True)
+def prefill_one(log_tokens: np.ndarray, log_seconds: np.ndarray, tokens: float) -> float:
+    """sim.costs.PrefillCurve: seconds to prefill `tokens`, interpolated on the log-log grid
+    (np.interp's formula, numpy's compiled_base.c, flat beyond the ends)."""
+    if tokens <= 0:
+        return 0.0
+    x = math.log(tokens)
+    if x >= log_tokens[-1]:
+        return math.exp(log_seconds[-1])
+    if x <= log_tokens[0]:
+        return math.exp(log_seconds[0])
+    j = np.searchsorted(log_tokens, x, "right") - 1
+    if log_tokens[j] == x:
+        return math.exp(log_seconds[j])
+    slope = (log_seconds[j + 1] - log_seconds[j]) / (log_tokens[j + 1] - log_tokens[j])
+    return math.exp(slope * (x - log_tokens[j]) + log_seconds[j])
+
+
+@njit(cache=True)
+def prefill_many(log_tokens: np.ndarray, log_seconds: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """`prefill_one` of every count."""
+    out = np.empty(len(tokens))
+    for i in range(len(tokens)):
+        out[i] = prefill_one(log_tokens, log_seconds, tokens[i])
+    return out
