@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 REL = 1e-9
 
 
@@ -96,8 +98,9 @@ def run_all(dest: str) -> None:
     for name, (cluster, w, p, steps, seed, queue) in cases().items():
         t0 = time.perf_counter()
         r = simulate(cluster, w, p, cm, steps=steps, seed=seed, record_queue=queue)
-        results[name] = {"summary": r.summary(), "step_times": r.step_times, "trained_ids": r.trained_ids,
-                         "admitted": r.admitted, "timeline": r.timeline_rows, "queue": r.queue_rows,
+        results[name] = {"summary": r.summary(), "step_times": r.step_times,
+                         "trained_ids": np.asarray(r.trained_ids).tolist(), "admitted": r.admitted,
+                         "timeline": r.timeline_rows, "queue": r.queue_rows,
                          "wall": time.perf_counter() - t0}
     with open(dest, "wb") as f:
         pickle.dump(results, f)

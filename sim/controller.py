@@ -339,7 +339,7 @@ class Controller(ControllerBase):
         """Hand the next batch to step `step`: (samples, tokens); their staleness is tallied at the end."""
         batch = self.take()
         self.samples.trained_step[batch] = step
-        rec.trained_ids.extend(batch.tolist())
+        rec.trained.append(batch)
         return len(batch), int(self.samples.exit_tokens[batch].sum())
 
     def new_version(self, version: int) -> None:

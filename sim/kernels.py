@@ -143,3 +143,56 @@ def prefill_many(log_tokens: np.ndarray, log_seconds: np.ndarray, tokens: np.nda
     for i in range(len(tokens)):
         out[i] = prefill_one(log_tokens, log_seconds, tokens[i])
     return out
+
+
+@njit(cache=True)
+def _iterations_within(base: np.ndarray, slope: np.ndarray, ds: float, b: int, s0: float, k: int, seconds: float
+                       ) -> int:
+    """The largest count w <= k of iterations whose sum fits in `seconds` (to 1e-12): guessed from
+    the first grid cell's arithmetic series (a quadratic in w), then the guess's neighbours are
+    checked, then a bisection if the jump crossed cells. Sums grow with w, so the answer is the
+    same whatever the guess."""
+    limit = seconds + 1e-12
+    c = min(max(int(s0 / ds), 0), base.shape[1] - 1)
+    per = base[b, c] + slope[b, c] * s0  # the first iteration's seconds
+    a = slope[b, c] * b / 2
+    guess = seconds / per if per > 0 else 0.0
+    if a > 0:
+        guess = (math.sqrt((per - a) ** 2 + 4 * a * seconds) - (per - a)) / (2 * a)
+    w = int(min(max(math.floor(guess), 0), k)) if math.isfinite(guess) else 0
+    lo, hi = 0, k  # the answer lies in [lo, hi]
+    for _ in range(2):  # the guess and its neighbours first
+        if jump_total(base, slope, ds, b, s0, w) <= limit:
+            lo = w
+            if w == k or jump_total(base, slope, ds, b, s0, w + 1) > limit:
+                return w
+            w += 1
+        else:
+            hi = w - 1
+            w -= 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if jump_total(base, slope, ds, b, s0, mid) <= limit:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@njit(cache=True)
+def stop_after(base: np.ndarray, slope: np.ndarray, ds: float, b: np.ndarray, s0: np.ndarray, k: np.ndarray,
+               elapsed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """sim.costs.DecodeTable.stop_after: jumps in progress `elapsed` seconds after they started,
+    stopped after their current iteration (one that started at `elapsed` runs one iteration):
+    (iterations run, seconds left until then)."""
+    n = len(k)
+    done, rest = np.empty(n, np.int64), np.empty(n)
+    for i in range(n):
+        within = _iterations_within(base, slope, ds, b[i], s0[i], k[i], elapsed[i])
+        d = within
+        if within == 0 or jump_total(base, slope, ds, b[i], s0[i], within) < elapsed[i] - 1e-12:
+            d = within + 1  # the iteration in progress runs to its end
+        d = min(k[i], d)
+        done[i] = d
+        rest[i] = jump_total(base, slope, ds, b[i], s0[i], d) - elapsed[i]
+    return done, rest

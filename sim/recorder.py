@@ -30,7 +30,7 @@ class Recorder:
     step_ends: list[float] = field(default_factory=list)
     step_samples: list[int] = field(default_factory=list)
     step_tokens: list[int] = field(default_factory=list)
-    trained_ids: list[int] = field(default_factory=list)
+    trained: list[np.ndarray] = field(default_factory=list)  # the ids each step trained
     events: int = 0
     deadline: float = field(default_factory=lambda: time.monotonic() + MAX_WALL_SECONDS)
     _next_clock_check: int = 4096

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from sim.recorder import Recorder
@@ -22,7 +23,7 @@ class SimResult:
     staleness_hist: dict[int, int]  # version lag -> trained tokens
     cost_per_hour: float
     trained_samples: int
-    trained_ids: tuple[int, ...]
+    trained_ids: np.ndarray = field(compare=False)  # in training order (read-only)
     admitted: int
     in_flight: int
     events: int

@@ -224,6 +224,8 @@ def _result(
     cluster: Cluster, end: float,
 ) -> SimResult:
     steps = len(rec.step_ends)
+    trained = np.concatenate(rec.trained) if rec.trained else np.empty(0, np.int64)
+    trained.flags.writeable = False
     warm = warm_steps(plan.staleness, steps)  # the start-up transient; a measured run skips the same steps
     t0 = rec.step_ends[warm - 1] if warm else 0.0
     window = rec.step_ends[-1] - t0
@@ -248,8 +250,8 @@ def _result(
         utilization=util,
         staleness_hist=dict(sorted(rec.staleness_tokens.items())),
         cost_per_hour=price,
-        trained_samples=len(rec.trained_ids),
-        trained_ids=tuple(rec.trained_ids),
+        trained_samples=len(trained),
+        trained_ids=trained,
         admitted=ctl.admitted,
         in_flight=sum(ctl.in_flight.values()) + ctl.buffered,
         events=rec.events,

@@ -127,7 +127,7 @@ class Controller(ControllerBase):
         for s in batch:
             for version, n in s.versions:
                 rec.staleness_tokens[step - version] += n
-            rec.trained_ids.append(s.sid)
+        rec.trained.append(np.array([s.sid for s in batch], np.int64))
         return len(batch), sum(s.tokens for s in batch)
 
     def new_version(self, version: int) -> None:
