@@ -28,7 +28,7 @@ from sim.planning import FlatPlans
 class Parked:
     """Engines that planned at one instant and sleep through their plans (local index i)."""
 
-    engines: list[int]  # fleet index of each
+    engines: np.ndarray  # fleet index of each
     alive: np.ndarray  # still parked here (an engine that leaves does not come back to this one)
     version: np.ndarray
     progress: np.ndarray  # decode iterations when the plan starts
@@ -61,7 +61,7 @@ class Parked:
 class Loading:
     """Engines stopped for a weight push, waiting for the weights (local index i)."""
 
-    engines: list[int]
+    engines: np.ndarray  # fleet index of each
     version: np.ndarray
     progress: np.ndarray
     context: np.ndarray
@@ -97,7 +97,7 @@ class Loading:
         idx = np.flatnonzero(keep)
         renumber = np.cumsum(keep) - 1
         rows = keep[self.owner]
-        return Loading([self.engines[i] for i in idx.tolist()], self.version[idx], self.progress[idx],
+        return Loading(self.engines[idx], self.version[idx], self.progress[idx],
                        self.context[idx], self.start[idx], renumber[self.owner[rows]], self.sid[rows],
                        self.fin[rows], self.joined[rows], self.count[idx])
 

@@ -28,6 +28,7 @@ from sim.bulk import Loading, Parked
 from sim.clock import timeout_at
 from sim.controller import Controller
 from sim.costs import DecodeTable, PrefillCurve
+from sim.kernels import jumps_ended, stop_rows
 from sim.pending import Chunk
 from sim.planning import Batch, Cut, Plan, Request, cut_jumps, cut_many, plan_first_jump, plan_flat, plan_many
 from sim.recorder import Recorder
@@ -115,7 +116,7 @@ class Fleet:
         self._groups.append(engine.group)
         return i
 
-    def _place(self, idx: list[int] | np.ndarray, where: int, home: Parked | Loading | None) -> None:
+    def _place(self, idx: np.ndarray | list[int], where: int, home: Parked | Loading | None) -> None:
         """Engines idx (in this order: slots 0, 1, ...) now live in `home` (or their own process)."""
         self._where[idx] = where
         self._home[idx] = home
@@ -226,38 +227,41 @@ class Fleet:
         (those that loaded as arrays get their state back first)."""
         quiet = self.controller.allowance() <= 0
         rest: list[tuple[Engine, bool, simpy.Event]] = []
-        idx: list[int] = []
-        reprefill: list[bool] = []
-        free: list[bool] = []  # no update pending, nothing preempted waiting
+        own: list[int] = []
+        own_reprefill: list[bool] = []
         for e, rp, event in asking:
             if quiet and e.update is None and not e.waiting:
                 e._park, e._loading = event, None
-                idx.append(e.index)
-                reprefill.append(rp)
-                free.append(True)
+                own.append(e.index)
+                own_reprefill.append(rp)
             else:
                 rest.append((e, rp, event))
-        parts = [self._rows_of(idx)] if idx else []
-        for i in idx:  # their inbox is in the arrays now (those that plan alone get theirs back)
+        parts = [self._rows_of(own)] if own else []
+        for i in own:  # their inbox is in the arrays now (those that plan alone get theirs back)
             self.engines[i].inbox = EMPTY
+        idx_parts = [np.array(own, np.int64)]
+        reprefill_parts = [np.array(own_reprefill, bool)]
+        free_parts = [np.ones(len(own), bool)]  # no update pending, nothing preempted waiting
+        offset = len(own)
         for g in groups:
-            offset = len(idx)
             # they come back from the arrays (those that plan alone get their state back below).
             # Nothing was preempted waiting on them when they parked, and nothing can have joined
             # their queues since (their process slept; the router sends them work as arrays): an
             # update that came in meanwhile is all that can keep them from parking again
             self._place(g.engines, OWN, None)
-            free.extend((self._upd_v[g.engines] < 0).tolist())
-            idx.extend(g.engines)
-            reprefill.extend((g.count > 0).tolist())
+            free_parts.append(self._upd_v[g.engines] < 0)
+            idx_parts.append(g.engines)
+            reprefill_parts.append(g.count > 0)
             in_owner, in_sid = g.inbox()
             parts.append((g.owner + offset, g.sid, g.fin, g.joined, g.progress, g.context, g.version,
                           in_owner + offset, in_sid))
-        if not idx:
+            offset += len(g.engines)
+        if not offset:
             return rest
+        idx, reprefill, free = (np.concatenate(c) for c in (idx_parts, reprefill_parts, free_parts))
         owner, sid, fin, joined, progress, context, version, in_owner, in_sid = (
             np.concatenate(c) for c in zip(*parts, strict=True))
-        ok, take = self._admissible(idx, owner, context, np.array(free, bool) if quiet else False, in_owner, in_sid)
+        ok, take = self._admissible(idx, owner, context, free if quiet else False, in_owner, in_sid)
         if not ok.all():  # those engines plan one by one, from their own state
             for i in np.flatnonzero(~ok).tolist():
                 e = self.engines[idx[i]]
@@ -265,18 +269,16 @@ class Fleet:
                 rows = owner == i
                 e.batch = Batch(sid[rows], fin[rows], joined[rows])
                 e.inbox = in_sid[in_owner == i]
-                rest.append((e, reprefill[i], e._park))  # type: ignore[arg-type]
+                rest.append((e, bool(reprefill[i]), e._park))  # type: ignore[arg-type]
                 e._park = None
             keep, keep_in = ok[owner], ok[in_owner]
             renumber = np.cumsum(ok) - 1
             owner, sid, fin, joined = renumber[owner[keep]], sid[keep], fin[keep], joined[keep]
             in_owner, in_sid, take = renumber[in_owner[keep_in]], in_sid[keep_in], take[keep_in]
             progress, context, version = progress[ok], context[ok], version[ok]
-            reprefill = [r for r, k in zip(reprefill, ok.tolist(), strict=True) if k]
-            idx = [i for i, k in zip(idx, ok.tolist(), strict=True) if k]
-        if idx:
-            self._park(idx, owner, sid, fin, joined, progress, context, version, np.array(reprefill, bool),
-                       in_owner, in_sid, take)
+            reprefill, idx = reprefill[ok], idx[ok]
+        if len(idx):
+            self._park(idx, owner, sid, fin, joined, progress, context, version, reprefill, in_owner, in_sid, take)
         return rest
 
     def _rows_of(self, idx: list[int]) -> tuple[np.ndarray, ...]:
@@ -289,7 +291,7 @@ class Fleet:
                 np.array([e.context for e in engines], np.float64), np.array([e.version for e in engines], np.int64),
                 in_owner, np.concatenate([e.inbox for e in engines]).astype(np.int64))
 
-    def _admissible(self, idx: list[int], owner: np.ndarray, context: np.ndarray, free: np.ndarray | bool,
+    def _admissible(self, idx: np.ndarray, owner: np.ndarray, context: np.ndarray, free: np.ndarray | bool,
                     in_owner: np.ndarray, in_sid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Engines that admit the head of their inbox whole (vLLM would admit each of them), and
         which inbox entries are those heads. `free`: quiet, and per engine nothing pending (False:
@@ -311,7 +313,7 @@ class Fleet:
         ok &= np.bincount(which[~fits], minlength=n) == 0
         return ok, take
 
-    def _park(self, idx: list[int], owner: np.ndarray, sid: np.ndarray, fin: np.ndarray, joined: np.ndarray,
+    def _park(self, idx: np.ndarray, owner: np.ndarray, sid: np.ndarray, fin: np.ndarray, joined: np.ndarray,
               progress: np.ndarray, context: np.ndarray, version: np.ndarray, reprefill: np.ndarray,
               in_owner: np.ndarray, in_sid: np.ndarray, take: np.ndarray) -> None:
         """Prepare (re-prefill, admit the inbox's head, prefill) and plan these engines at once, file
@@ -324,7 +326,7 @@ class Fleet:
         rest = np.bincount(in_owner[~take], minlength=n)
         tokens = np.bincount(new_owner, weights=s.prompt[new_sid], minlength=n)  # integers, exact
         # both prefills' seconds in one pass: the KV re-prefill of what runs, then the new prompts
-        secs = self._prefill(idx + idx, np.concatenate((np.where(reprefill, context, 0.0), tokens)))
+        secs = self._prefill(np.concatenate((idx, idx)), np.concatenate((np.where(reprefill, context, 0.0), tokens)))
         reprefill_end = np.where(reprefill, now + secs[:n], np.nan)
         after = np.where(reprefill, reprefill_end, now)
         has_new = head > 0
@@ -360,13 +362,13 @@ class Fleet:
             end = float(flat.ends[flat.jumps[i + 1] - 1])
             timeout_at(self.env, end).callbacks.append(lambda _ev, p=p, i=i: self._ended(p, i))
 
-    def _prefill(self, idx: list[int], tokens: np.ndarray) -> np.ndarray:
+    def _prefill(self, idx: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         if self._one_prefill is not None:
             return self._one_prefill.many(tokens)
         curves = [self.engines[i].prefill for i in idx]
         return np.array([c(t) for c, t in zip(curves, tokens.tolist(), strict=True)])
 
-    def _tables(self, idx: list[int]) -> list[DecodeTable]:
+    def _tables(self, idx: np.ndarray) -> list[DecodeTable]:
         """The decode tables of engines idx, for plan_flat and cut_jumps (one for all, if one is)."""
         if self._one_decode is not None:
             return [self._one_decode]
@@ -459,16 +461,16 @@ class Fleet:
         last = np.where(count > 0, _before(flat.ends, flat.jumps[1:]), -np.inf)
         ended = last <= now
         ok = p.alive & (now >= p.t0) & (p.rest == 0) & np.where(ended, p.idle_end, self._interruptible[p.engines])
-        j = np.bincount(flat.je[flat.ends <= now], minlength=len(p.engines))
+        j = jumps_ended(flat.jumps, flat.ends, now)
         cutting = np.flatnonzero(ok & ~ended)
         at = flat.jumps[cutting] + j[cutting]  # the jump in progress
         start = np.where(j[cutting] > 0, _before(flat.ends, at), p.t0[cutting])
         b, s0, k = flat.b[at], flat.s[at], flat.k[at]
-        d, rest = cut_jumps(b, s0, k, now - start, self._tables([p.engines[i] for i in cutting.tolist()]))
+        d, rest = cut_jumps(b, s0, k, now - start, self._tables(p.engines[cutting]))
         stop_at = np.where(rest > 0, now + rest, now)  # as `if rest > 0: yield timeout(rest)` leaves the clock
         finishing = np.where(d == k, flat.done[at], 0)
         ok[cutting] &= ready_at > stop_at  # one still decoding when the weights are in loads on its own
-        ok[cutting] &= s0 + b * d <= self._kv[np.asarray(p.engines)[cutting]]  # and one that overflows preempts
+        ok[cutting] &= s0 + b * d <= self._kv[p.engines[cutting]]  # and one that overflows preempts
         jcount = np.where(ended, count, j)
         keep_cut = ok[cutting]
         cutting, at, start, b, d, stop_at, finishing = (x[keep_cut] for x in (cutting, at, start, b, d, stop_at,
@@ -487,36 +489,28 @@ class Fleet:
         chosen = np.zeros(n, bool)
         chosen[stop] = True
         p.alive[stop] = False
-        gidx = np.asarray(p.engines)
+        gidx = p.engines
+        cut_b, cut_d, finish = (np.zeros(n, np.int64) for _ in range(3))
+        cut_b[cutting], cut_d[cutting], finish[cutting] = b, d, finishing
+        progress, context, n_done, ended, fate = stop_rows(
+            chosen, jcount, p.progress, p.context, flat.jumps, flat.k_through, flat.after, flat.cum, flat.offsets,
+            flat.rows, flat.sid, self.exit_tokens, cut_b, cut_d, finish)
         # jumps that have ended: recorded, their completions credited
-        # engine e's jumps are jumps[e]:jumps[e + 1], so its first jcount[e] end before jumps[e] + jcount[e]
-        ended_before = flat.jumps[:-1] + np.where(chosen, jcount, 0)
-        ended_jumps = np.arange(len(flat.je)) < ended_before[flat.je]
-        je = flat.je[ended_jumps]
-        rec.fleet_intervals(self._names, self._groups, "decode", gidx[je], flat.starts[ended_jumps],
-                            flat.ends[ended_jumps], p.version[je], flat.b[ended_jumps])
-        rec.count(int(ended_jumps.sum()))
-        through = flat.jumps[:-1] + jcount  # jumps before it have ended
-        has = jcount > 0
-        progress = p.progress + np.where(has, _before(flat.k_through, through), 0)
-        context = np.where(has, _before(flat.after, through), p.context)
-        n_done = np.where(has, _before(flat.cum, through) - flat.offsets, 0)
+        je = flat.je[ended]
+        rec.fleet_intervals(self._names, self._groups, "decode", gidx[je], flat.starts[ended], flat.ends[ended],
+                            p.version[je], flat.b[ended])
+        rec.count(len(je))
         self.controller.cut_parts(p.first_part + stop, n_done[stop])
         # the iteration in progress: it runs to its end, and completes the next jump's samples if last
         rec.fleet_intervals(self._names, self._groups, "decode", gidx[cutting], start, stop_at, p.version[cutting], b)
         rec.count(len(cutting))
-        progress[cutting] += d
-        context[cutting] += b * d
-        finish = np.zeros(n, np.int64)
-        finish[cutting] = finishing
         owner, rank = p.row_owner, p.row_rank
-        gone = chosen[owner] & (rank < n_done[owner] + finish[owner])
+        gone = fate > 0
         s.credit_many(flat.sid[gone], p.version[owner[gone]], flat.fin[gone] - flat.joined[gone])
-        late = gone & (rank >= n_done[owner])  # finished by the iteration in progress: in at its end
-        if late.any():
+        late = np.flatnonzero(fate == 2)  # finished by the iteration in progress: in at its end
+        if len(late):
             ends = np.zeros(n)
             ends[cutting] = stop_at
-            context -= np.bincount(owner[late], weights=self.exit_tokens[flat.sid[late]], minlength=n)
             lo = owner[late]
             self.controller.plan_parts(ends[lo] + self._reward[gidx[lo]], flat.sid[late], lo, rank[late] - n_done[lo],
                                        n)
@@ -525,7 +519,7 @@ class Fleet:
         stays = chosen[owner] & ~gone
         keep = np.flatnonzero(chosen)
         renumber = np.cumsum(chosen) - 1
-        g = Loading([p.engines[i] for i in keep.tolist()], p.version[keep], progress[keep], context[keep],
+        g = Loading(p.engines[keep], p.version[keep], progress[keep], context[keep],
                     waiting_since[keep], renumber[owner[stays]], flat.sid[stays], flat.fin[stays], flat.joined[stays],
                     np.bincount(owner[stays], minlength=n)[keep])
         self._place(g.engines, LOADING, g)
@@ -537,7 +531,7 @@ class Fleet:
         which = which[p.phases_open[which] & (final | (now >= p.t0[which]))]
         if not len(which):
             return
-        gidx = np.asarray(p.engines)
+        gidx = p.engines
         re = which[p.reprefill_end[which] <= now]
         start = p.seg_start[re]
         self.rec.fleet_intervals(self._names, self._groups, "reprefill", gidx[re], start, p.reprefill_end[re],
@@ -555,12 +549,12 @@ class Fleet:
         """`Engine._load_weights` and `_after_load` for engines that waited as arrays."""
         now, s = self.env.now, self.samples
         version = request[0]
-        gidx = np.asarray(g.engines)
+        gidx = g.engines
         mine = (self._upd_v[gidx] == version) & (self._upd_t[gidx] == request[1])
         self._upd_v[gidx[mine]] = -1  # a newer request that came in meanwhile stays pending
         self._ver[gidx] = version
         sizes = g.count
-        gidx = np.asarray(g.engines)
+        gidx = g.engines
         self.rec.fleet_intervals(self._names, self._groups, "weight_load", gidx, g.start, np.full(len(gidx), now),
                                  np.full(len(gidx), version), sizes)
         tokens = g.progress[g.owner] - g.joined

@@ -196,3 +196,55 @@ def stop_after(base: np.ndarray, slope: np.ndarray, ds: float, b: np.ndarray, s0
         done[i] = d
         rest[i] = jump_total(base, slope, ds, b[i], s0[i], d) - elapsed[i]
     return done, rest
+
+
+@njit(cache=True)
+def jumps_ended(jumps: np.ndarray, ends: np.ndarray, now: float) -> np.ndarray:
+    """Per engine of a sim.planning.FlatPlans, how many of its jumps have ended by `now`."""
+    n = len(jumps) - 1
+    out = np.empty(n, np.int64)
+    for e in range(n):
+        lo, hi = jumps[e], jumps[e + 1]
+        out[e] = np.searchsorted(ends[lo:hi], now, "right")
+    return out
+
+
+@njit(cache=True)
+def stop_rows(chosen: np.ndarray, jcount: np.ndarray, progress0: np.ndarray, context0: np.ndarray,
+              jumps: np.ndarray, k_through: np.ndarray, after: np.ndarray, cum: np.ndarray, offsets: np.ndarray,
+              rows: np.ndarray, sid: np.ndarray, exit_tokens: np.ndarray, cut_b: np.ndarray, cut_d: np.ndarray,
+              finishing: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """sim.engine.Fleet._commit_stop's bookkeeping for parked engines stopped at a push (chosen),
+    each after its first jcount jumps and, where it was cutting a jump, cut_d more iterations of
+    it (cut_b running; finishing: the jump's completions when those iterations end it, else 0).
+
+    Returns per engine its progress, KV context and the samples its ended jumps completed; per
+    jump whether it ended (for the timeline); per row of the plan its fate: 0 it decodes on after
+    the load (or its engine did not stop), 1 completed by an ended jump, 2 completed by the
+    iteration in progress (in at that iteration's end, which frees its KV). Completed rows are a
+    prefix of each engine's rows, sorted as they are by finish."""
+    n = len(chosen)
+    progress, context = progress0.copy(), context0.copy()
+    n_done = np.zeros(n, np.int64)
+    ended = np.zeros(len(k_through), np.bool_)
+    fate = np.zeros(len(sid), np.int8)
+    for e in range(n):
+        if not chosen[e]:
+            continue
+        if jcount[e] > 0:
+            last = jumps[e] + jcount[e] - 1
+            ended[jumps[e]:last + 1] = True
+            progress[e] += k_through[last]
+            context[e] = after[last]
+            n_done[e] = cum[last] - offsets[e]
+        progress[e] += cut_d[e]
+        context[e] += cut_b[e] * cut_d[e]
+        r0 = rows[e]
+        fate[r0:r0 + n_done[e]] = 1
+        freed = 0
+        for r in range(r0 + n_done[e], r0 + n_done[e] + finishing[e]):
+            fate[r] = 2
+            freed += exit_tokens[sid[r]]
+        if finishing[e]:
+            context[e] -= float(freed)  # integers below 2^53: the sum is exact
+    return progress, context, n_done, ended, fate
