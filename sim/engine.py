@@ -28,7 +28,7 @@ from sim.bulk import Loading, Parked
 from sim.clock import timeout_at
 from sim.controller import Controller
 from sim.costs import DecodeTable, PrefillCurve
-from sim.kernels import jumps_ended, stop_rows
+from sim.kernels import admissible, admit_rows, jumps_ended, planned_completions, stop_rows
 from sim.pending import Chunk
 from sim.planning import Batch, Cut, Plan, Request, cut_jumps, cut_many, plan_first_jump, plan_flat, plan_many
 from sim.recorder import Recorder
@@ -296,22 +296,10 @@ class Fleet:
         """Engines that admit the head of their inbox whole (vLLM would admit each of them), and
         which inbox entries are those heads. `free`: quiet, and per engine nothing pending (False:
         not quiet, none is)."""
-        n = len(idx)
-        take = np.zeros(len(in_sid), bool)
         if free is False:
-            return np.zeros(n, bool), take
-        ok = np.array(free, bool)
-        lens = np.bincount(in_owner, minlength=n)
-        running = np.bincount(owner, minlength=n)
-        head = np.minimum(lens, np.maximum(0, self._max_batch[idx] - running))
-        rank = np.arange(len(in_sid)) - (np.cumsum(lens) - lens)[in_owner]
-        take = rank < head[in_owner]
-        which, ids = in_owner[take], in_sid[take]
-        fits = context[which] + self.samples.prompt[ids] + 1 <= self._room[idx][which]
-        firsts = np.cumsum(head) - head
-        fits[firsts[(running == 0) & (head > 0)]] = True  # an empty engine always takes one, however long
-        ok &= np.bincount(which[~fits], minlength=n) == 0
-        return ok, take
+            return np.zeros(len(idx), bool), np.zeros(len(in_sid), bool)
+        return admissible(np.asarray(free, bool), owner, context, in_owner, in_sid, self._max_batch[idx],
+                          self._room[idx], self.samples.prompt)
 
     def _park(self, idx: np.ndarray, owner: np.ndarray, sid: np.ndarray, fin: np.ndarray, joined: np.ndarray,
               progress: np.ndarray, context: np.ndarray, version: np.ndarray, reprefill: np.ndarray,
@@ -320,11 +308,8 @@ class Fleet:
         their completions, and park them until the next push or until one needs to decide."""
         now, s = self.env.now, self.samples
         n = len(idx)
-        running = np.bincount(owner, minlength=n)
-        new_owner, new_sid = in_owner[take], in_sid[take]
-        head = np.bincount(new_owner, minlength=n)
-        rest = np.bincount(in_owner[~take], minlength=n)
-        tokens = np.bincount(new_owner, weights=s.prompt[new_sid], minlength=n)  # integers, exact
+        running, head, rest, tokens, all_owner, all_sid, all_fin, all_joined, is_new = admit_rows(
+            owner, sid, fin, joined, in_owner, in_sid, take, progress, s.prompt, s.response, n)
         # both prefills' seconds in one pass: the KV re-prefill of what runs, then the new prompts
         secs = self._prefill(np.concatenate((idx, idx)), np.concatenate((np.where(reprefill, context, 0.0), tokens)))
         reprefill_end = np.where(reprefill, now + secs[:n], np.nan)
@@ -333,22 +318,13 @@ class Fleet:
         prefill_end = np.where(has_new, after + secs[n:], np.nan)
         t0 = np.where(has_new, prefill_end, after)
         context1 = context + tokens
-        all_owner = np.concatenate((owner, new_owner))
-        all_sid = np.concatenate((sid, new_sid))
-        all_fin = np.concatenate((fin, progress[new_owner] + s.response[new_sid]))
-        all_joined = np.concatenate((joined, progress[new_owner]))
-        is_new = np.zeros(len(all_sid), bool)
-        is_new[len(sid):] = True
         tables = self._tables(idx)
         flat = plan_flat(all_owner, all_sid, all_fin, all_joined, progress, context1, t0, self._kv[idx], rest > 0,
                          tables, self.exit_tokens)
         is_new = is_new[flat.order]
         # completions: each engine's first rows, at the ends of their jumps (plus the reward)
-        row_owner = np.repeat(np.arange(n), np.diff(flat.rows))
-        rank = np.arange(len(flat.sid)) - flat.rows[row_owner]
-        n_done = _before(flat.cum, flat.jumps[1:]) - flat.offsets
-        done_rows = rank < n_done[row_owner]
-        times = np.repeat(flat.ends, flat.done) + self._reward[idx][row_owner[done_rows]]
+        row_owner, rank, n_done, done_rows, times = planned_completions(flat.rows, flat.jumps, flat.done, flat.ends,
+                                                                        self._reward[idx])
         first_part = self.controller.plan_parts(times, flat.sid[done_rows], row_owner[done_rows], rank[done_rows], n)
         idle_end = (n_done == np.diff(flat.rows)) & (rest == 0)
         p = Parked(idx, np.ones(n, bool), version, progress, context, context1, np.full(n, now), reprefill_end,

@@ -248,3 +248,97 @@ def stop_rows(chosen: np.ndarray, jcount: np.ndarray, progress0: np.ndarray, con
         if finishing[e]:
             context[e] -= float(freed)  # integers below 2^53: the sum is exact
     return progress, context, n_done, ended, fate
+
+
+@njit(cache=True)
+def admit_rows(owner: np.ndarray, sid: np.ndarray, fin: np.ndarray, joined: np.ndarray, in_owner: np.ndarray,
+               in_sid: np.ndarray, take: np.ndarray, progress: np.ndarray, prompt: np.ndarray, response: np.ndarray,
+               n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                np.ndarray, np.ndarray]:
+    """sim.engine.Fleet._park's admission for n engines: the running rows (owner, sid, fin, joined)
+    and, after them, the inbox entries taken (joining at the engine's progress). Returns per engine
+    the samples running, admitted and left in the inbox, and the prompt tokens admitted; and the
+    rows (owner, sid, finish, joined) with a flag for the admitted ones."""
+    running = np.zeros(n, np.int64)
+    head = np.zeros(n, np.int64)
+    rest = np.zeros(n, np.int64)
+    tokens = np.zeros(n)
+    for r in range(len(owner)):
+        running[owner[r]] += 1
+    m = len(owner)
+    for q in range(len(in_sid)):
+        if take[q]:
+            head[in_owner[q]] += 1
+        else:
+            rest[in_owner[q]] += 1
+    total = m + head.sum()
+    all_owner, all_sid = np.empty(total, np.int64), np.empty(total, np.int64)
+    all_fin, all_joined = np.empty(total, np.int64), np.empty(total, np.int64)
+    is_new = np.zeros(total, np.bool_)
+    all_owner[:m], all_sid[:m], all_fin[:m], all_joined[:m] = owner, sid, fin, joined
+    r = m
+    for q in range(len(in_sid)):
+        if take[q]:
+            e, s = in_owner[q], in_sid[q]
+            tokens[e] += prompt[s]  # integers below 2^53: exact, as a bincount's float sum
+            all_owner[r], all_sid[r] = e, s
+            all_fin[r], all_joined[r] = progress[e] + response[s], progress[e]
+            is_new[r] = True
+            r += 1
+    return running, head, rest, tokens, all_owner, all_sid, all_fin, all_joined, is_new
+
+
+@njit(cache=True)
+def planned_completions(rows: np.ndarray, jumps: np.ndarray, done: np.ndarray, ends: np.ndarray,
+                        reward: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per row of n engines' plans (sim.planning.FlatPlans), its engine and its rank among the
+    engine's rows; per engine, the samples its plan completes; and the completed rows (each
+    engine's first ones, in jump order) with when they reach the trainer (the jump's end plus the
+    reward)."""
+    n = len(rows) - 1
+    row_owner = np.empty(rows[n], np.int64)
+    rank = np.empty(rows[n], np.int64)
+    n_done = np.zeros(n, np.int64)
+    for e in range(n):
+        for r in range(rows[e], rows[e + 1]):
+            row_owner[r], rank[r] = e, r - rows[e]
+        for j in range(jumps[e], jumps[e + 1]):
+            n_done[e] += done[j]
+    total = n_done.sum()
+    done_rows = np.empty(total, np.int64)
+    times = np.empty(total)
+    q = 0
+    for e in range(n):
+        r = rows[e]
+        for j in range(jumps[e], jumps[e + 1]):
+            for _ in range(done[j]):
+                done_rows[q], times[q] = r, ends[j] + reward[e]
+                q += 1
+                r += 1
+    return row_owner, rank, n_done, done_rows, times
+
+
+@njit(cache=True)
+def admissible(free: np.ndarray, owner: np.ndarray, context: np.ndarray, in_owner: np.ndarray, in_sid: np.ndarray,
+               max_batch: np.ndarray, room: np.ndarray, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """sim.engine.Fleet._admissible: which engines (free ones, running rows `owner`) admit the head
+    of their inbox (in_owner grouped by engine, in order) whole, and which entries those heads are.
+    The head is what the batch has slots for; each must fit in the KV cache's room on top of the
+    engine's context, except the first of an empty engine, which is always taken."""
+    n = len(free)
+    running = np.zeros(n, np.int64)
+    for r in range(len(owner)):
+        running[owner[r]] += 1
+    ok = free.copy()
+    take = np.zeros(len(in_sid), np.bool_)
+    q = 0
+    while q < len(in_sid):
+        e, start = in_owner[q], q
+        while q < len(in_sid) and in_owner[q] == e:
+            q += 1
+        head = min(q - start, max(0, max_batch[e] - running[e]))
+        for t in range(start, start + head):
+            take[t] = True
+            if not (t == start and running[e] == 0) and not context[e] + prompt[in_sid[t]] + 1 <= room[e]:
+                ok[e] = False
+    return ok, take
