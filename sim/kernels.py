@@ -342,3 +342,37 @@ def admissible(free: np.ndarray, owner: np.ndarray, context: np.ndarray, in_owne
             if not (t == start and running[e] == 0) and not context[e] + prompt[in_sid[t]] + 1 <= room[e]:
                 ok[e] = False
     return ok, take
+
+
+@njit(cache=True)
+def take_due(times: np.ndarray, parts: np.ndarray, ranks: np.ndarray, limit: np.ndarray, now: float
+             ) -> tuple[np.ndarray, int, float]:
+    """sim.pending.Pending.due's pass over the pool: entries due by `now` are marked delivered
+    (time set to infinity). Returns those not cut off (rank below their part's limit), how many
+    were marked, and the earliest time left."""
+    hit = np.empty(len(times), np.int64)
+    n_hit, n_valid, nxt = 0, 0, np.inf
+    for i in range(len(times)):
+        t = times[i]
+        if t <= now:
+            times[i] = np.inf
+            n_hit += 1
+            if ranks[i] < limit[parts[i]]:
+                hit[n_valid] = i
+                n_valid += 1
+        elif t < nxt:
+            nxt = t
+    return hit[:n_valid], n_hit, nxt
+
+
+@njit(cache=True)
+def live_entries(times: np.ndarray, versions: np.ndarray, parts: np.ndarray, ranks: np.ndarray, limit: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The pool's entries still to come (not delivered, not cut off): their times and versions."""
+    out_t, out_v = np.empty(len(times)), np.empty(len(times), np.int64)
+    n = 0
+    for i in range(len(times)):
+        if times[i] < np.inf and ranks[i] < limit[parts[i]]:
+            out_t[n], out_v[n] = times[i], versions[i]
+            n += 1
+    return out_t[:n], out_v[:n]

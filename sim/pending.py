@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.kernels import live_entries, take_due
+
 EMPTY = np.empty(0, np.int64)
 NO_LIMIT = np.iinfo(np.int64).max
 
@@ -129,20 +131,14 @@ class Pending:
         """Take out the completions at or before `now`: (sample ids, start versions), in no order."""
         if now < self._next:
             return EMPTY, EMPTY
-        hit = np.flatnonzero(self._times <= now)
-        self._times[hit] = np.inf
-        self._delivered += len(hit)
-        self._next = float(self._times.min())
+        hit, n_hit, self._next = take_due(self._times, self._parts, self._ranks, self._limit, now)
+        self._delivered += n_hit
         self._live = None
-        valid = self._valid(self._parts[hit], self._ranks[hit])
-        if not valid.all():
-            hit = hit[valid]
         return self._sids[hit], self._versions[hit]
 
     def _remaining(self) -> tuple[np.ndarray, np.ndarray]:
         if self._live is None:
-            live = (self._times < np.inf) & self._valid(self._parts, self._ranks)
-            self._live = (self._times[live], self._versions[live])
+            self._live = live_entries(self._times, self._versions, self._parts, self._ranks, self._limit)
         return self._live
 
     def kth_time(self, need: dict[int, int]) -> float:
