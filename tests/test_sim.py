@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -303,13 +305,32 @@ def _jumps(table: DecodeTable, seed: int, n: int = 3000) -> tuple[np.ndarray, ..
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_vectorised_decode_sums_match_the_scalar_sum(seed: int) -> None:
-    """DecodeTable.totals is DecodeTable.total element-wise, to the bit."""
+def test_decode_sums_are_the_sums_of_their_iterations(seed: int) -> None:
+    """DecodeTable.totals (closed-form arithmetic series per grid cell, sim.kernels) equals adding
+    up every iteration's time, each interpolated on the table on its own; and `total` agrees."""
     table = _decode_table()
-    b, s0, k = _jumps(table, seed)
+    b, s0, k = _jumps(table, seed, n=600)
+    rows = np.array(table.rows)
+    last = rows.shape[1] - 2
     got = table.totals(b, s0, k)
-    want = [table.total(int(bb), float(ss), int(kk)) for bb, ss, kk in zip(b, s0, k, strict=True)]
-    assert got.tolist() == want
+    for i, (bb, ss, kk) in enumerate(zip(b.tolist(), s0.tolist(), k.tolist(), strict=True)):
+        context = ss + bb * np.arange(kk)
+        cell = np.clip((context / table.ds).astype(np.int64), 0, last)
+        t = rows[bb, cell] + (rows[bb, cell + 1] - rows[bb, cell]) / table.ds * (context - cell * table.ds)
+        assert got[i] == pytest.approx(t.sum(), rel=1e-9, abs=1e-12)
+        assert table.total(bb, ss, kk) == got[i]
+
+
+def test_prefill_curve_interpolates_log_log() -> None:
+    """PrefillCurve (sim.kernels.prefill_one/many): exp of np.interp on the log grid, flat beyond it."""
+    from sim.costs import PrefillCurve
+
+    curve = PrefillCurve.build(CM, CLUSTER.gpu("H20"), get_model("qwen2.5-7b"), 1, 50_000.0, 300.0)
+    tokens = np.concatenate(([0.0, -3.0, 0.5, 1.0], np.geomspace(1, 2e5, 500), [50_000.0]))
+    want = [0.0 if t <= 0 else math.exp(np.interp(math.log(t), curve.log_tokens, curve.log_seconds))
+            for t in tokens.tolist()]
+    assert curve.many(tokens).tolist() == pytest.approx(want, rel=1e-14, abs=0)
+    assert [curve(t) for t in tokens.tolist()] == curve.many(tokens).tolist()
 
 
 def _largest_fitting(table: DecodeTable, b: int, s0: float, k: int, seconds: float) -> int:
