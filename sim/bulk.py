@@ -46,8 +46,6 @@ class Parked:
     plan: FlatPlans
     t0: np.ndarray  # decode starts (after the prefills)
     first_part: int  # the completions of engine i are part first_part + i of the controller's index
-    row_owner: np.ndarray  # per row of the plan: its engine (local index)
-    row_rank: np.ndarray  # and its place in that engine's rows
 
     def completed_by(self, i: int, now: float) -> int:
         """Samples of engine i whose jump has ended by now."""

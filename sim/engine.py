@@ -28,7 +28,7 @@ from sim.bulk import Loading, Parked
 from sim.clock import timeout_at
 from sim.controller import Controller
 from sim.costs import DecodeTable, PrefillCurve
-from sim.kernels import admissible, admit_rows, jumps_ended, planned_completions, stop_rows
+from sim.kernels import admissible, admit_rows, jumps_ended, planned_completions, split_stopped, stop_rows
 from sim.pending import Chunk
 from sim.planning import Batch, Cut, Plan, Request, cut_jumps, cut_many, plan_first_jump, plan_flat, plan_many
 from sim.recorder import Recorder
@@ -323,13 +323,12 @@ class Fleet:
                          tables, self.exit_tokens)
         is_new = is_new[flat.order]
         # completions: each engine's first rows, at the ends of their jumps (plus the reward)
-        row_owner, rank, n_done, done_rows, times = planned_completions(flat.rows, flat.jumps, flat.done, flat.ends,
-                                                                        self._reward[idx])
-        first_part = self.controller.plan_parts(times, flat.sid[done_rows], row_owner[done_rows], rank[done_rows], n)
+        n_done, done_sid, done_owner, done_rank, times = planned_completions(
+            flat.rows, flat.jumps, flat.done, flat.ends, self._reward[idx], flat.sid)
+        first_part = self.controller.plan_parts(times, done_sid, done_owner, done_rank, n)
         idle_end = (n_done == np.diff(flat.rows)) & (rest == 0)
         p = Parked(idx, np.ones(n, bool), version, progress, context, context1, np.full(n, now), reprefill_end,
-                   prefill_end, running, head, np.ones(n, bool), is_new, rest, idle_end, flat, t0, first_part,
-                   row_owner, rank)
+                   prefill_end, running, head, np.ones(n, bool), is_new, rest, idle_end, flat, t0, first_part)
         self.parked = [q for q in self.parked if q.alive.any()] + [p]
         self._place(idx, PARKED, p)
         for i in np.flatnonzero(rest).tolist():  # no room for them yet
@@ -480,24 +479,19 @@ class Fleet:
         # the iteration in progress: it runs to its end, and completes the next jump's samples if last
         rec.fleet_intervals(self._names, self._groups, "decode", gidx[cutting], start, stop_at, p.version[cutting], b)
         rec.count(len(cutting))
-        owner, rank = p.row_owner, p.row_rank
-        gone = fate > 0
-        s.credit_many(flat.sid[gone], p.version[owner[gone]], flat.fin[gone] - flat.joined[gone])
-        late = np.flatnonzero(fate == 2)  # finished by the iteration in progress: in at its end
-        if len(late):
+        gone_sid, gone_version, gone_tokens, late_owner, late_rank, *stays = split_stopped(
+            chosen, fate, n_done, flat.rows, flat.sid, flat.fin, flat.joined, p.version)
+        s.credit_many(gone_sid, gone_version, gone_tokens)
+        if len(late_owner):  # finished by the iteration in progress: in at its end
             ends = np.zeros(n)
             ends[cutting] = stop_at
-            lo = owner[late]
-            self.controller.plan_parts(ends[lo] + self._reward[gidx[lo]], flat.sid[late], lo, rank[late] - n_done[lo],
+            late = flat.sid[flat.rows[late_owner] + n_done[late_owner] + late_rank]
+            self.controller.plan_parts(ends[late_owner] + self._reward[gidx[late_owner]], late, late_owner, late_rank,
                                        n)
         waiting_since = np.full(n, now)
         waiting_since[cutting] = stop_at
-        stays = chosen[owner] & ~gone
         keep = np.flatnonzero(chosen)
-        renumber = np.cumsum(chosen) - 1
-        g = Loading(p.engines[keep], p.version[keep], progress[keep], context[keep],
-                    waiting_since[keep], renumber[owner[stays]], flat.sid[stays], flat.fin[stays], flat.joined[stays],
-                    np.bincount(owner[stays], minlength=n)[keep])
+        g = Loading(p.engines[keep], p.version[keep], progress[keep], context[keep], waiting_since[keep], *stays)
         self._place(g.engines, LOADING, g)
         return g
 

@@ -290,32 +290,28 @@ def admit_rows(owner: np.ndarray, sid: np.ndarray, fin: np.ndarray, joined: np.n
 
 @njit(cache=True)
 def planned_completions(rows: np.ndarray, jumps: np.ndarray, done: np.ndarray, ends: np.ndarray,
-                        reward: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per row of n engines' plans (sim.planning.FlatPlans), its engine and its rank among the
-    engine's rows; per engine, the samples its plan completes; and the completed rows (each
-    engine's first ones, in jump order) with when they reach the trainer (the jump's end plus the
-    reward)."""
+                        reward: np.ndarray, sid: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What n engines' plans (sim.planning.FlatPlans) complete: per engine how many samples; and
+    per completion (each engine's first rows, in jump order) its sample, engine, rank among the
+    engine's completions, and when it reaches the trainer (the jump's end plus the reward)."""
     n = len(rows) - 1
-    row_owner = np.empty(rows[n], np.int64)
-    rank = np.empty(rows[n], np.int64)
     n_done = np.zeros(n, np.int64)
     for e in range(n):
-        for r in range(rows[e], rows[e + 1]):
-            row_owner[r], rank[r] = e, r - rows[e]
         for j in range(jumps[e], jumps[e + 1]):
             n_done[e] += done[j]
     total = n_done.sum()
-    done_rows = np.empty(total, np.int64)
+    done_sid, owner, rank = np.empty(total, np.int64), np.empty(total, np.int64), np.empty(total, np.int64)
     times = np.empty(total)
     q = 0
     for e in range(n):
         r = rows[e]
         for j in range(jumps[e], jumps[e + 1]):
             for _ in range(done[j]):
-                done_rows[q], times[q] = r, ends[j] + reward[e]
+                done_sid[q], owner[q], rank[q], times[q] = sid[r], e, r - rows[e], ends[j] + reward[e]
                 q += 1
                 r += 1
-    return row_owner, rank, n_done, done_rows, times
+    return n_done, done_sid, owner, rank, times
 
 
 @njit(cache=True)
@@ -376,3 +372,48 @@ def live_entries(times: np.ndarray, versions: np.ndarray, parts: np.ndarray, ran
             out_t[n], out_v[n] = times[i], versions[i]
             n += 1
     return out_t[:n], out_v[:n]
+
+
+@njit(cache=True)
+def split_stopped(chosen: np.ndarray, fate: np.ndarray, n_done: np.ndarray, rows: np.ndarray, sid: np.ndarray,
+                  fin: np.ndarray, joined: np.ndarray, version: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                             np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of engines stopped at a push (`stop_rows`' fates), split: the completed ones' tokens
+    to credit (sample, engine's version, tokens since it joined); those completed by the iteration
+    in progress (engine, rank among what its plan completes); and those that decode on, with their
+    engine renumbered among the stopped ones, and how many each keeps."""
+    n = len(chosen)
+    n_gone = n_late = n_stay = 0
+    for e in range(n):
+        if chosen[e]:
+            for r in range(rows[e], rows[e + 1]):
+                if fate[r] > 0:
+                    n_gone += 1
+                    n_late += fate[r] == 2
+                else:
+                    n_stay += 1
+    gone_sid, gone_version, gone_tokens = np.empty(n_gone, np.int64), np.empty(n_gone, np.int64), np.empty(
+        n_gone, np.int64)
+    late_owner, late_rank = np.empty(n_late, np.int64), np.empty(n_late, np.int64)
+    stay_owner, stay_sid = np.empty(n_stay, np.int64), np.empty(n_stay, np.int64)
+    stay_fin, stay_joined = np.empty(n_stay, np.int64), np.empty(n_stay, np.int64)
+    stay_count = np.zeros(chosen.sum(), np.int64)
+    g = q = s = slot = 0
+    for e in range(n):
+        if not chosen[e]:
+            continue
+        for r in range(rows[e], rows[e + 1]):
+            if fate[r] > 0:
+                gone_sid[g], gone_version[g], gone_tokens[g] = sid[r], version[e], fin[r] - joined[r]
+                g += 1
+                if fate[r] == 2:
+                    late_owner[q], late_rank[q] = e, r - rows[e] - n_done[e]
+                    q += 1
+            else:
+                stay_owner[s], stay_sid[s], stay_fin[s], stay_joined[s] = slot, sid[r], fin[r], joined[r]
+                stay_count[slot] += 1
+                s += 1
+        slot += 1
+    return (gone_sid, gone_version, gone_tokens, late_owner, late_rank, stay_owner, stay_sid, stay_fin, stay_joined,
+            stay_count)
