@@ -6,8 +6,8 @@ the same time as the others, re-prefills, admits what the router sends it, and d
 in closed form until the next push, with nothing to decide in between (quiet: no staleness
 allowance left to route). `Parked` holds such engines' plans side by side (sim.planning.FlatPlans)
 and `Loading` the engines between a push and their weight load; sim.engine.Fleet moves them
-through the cycle with a few numpy passes per step, where the per-engine path would resume one
-process per engine several times a step. An engine leaves the arrays (Fleet.unpark) as soon as
+through the cycle with a few array passes per step (sim.kernels), where the per-engine path would
+resume one process per engine several times a step. An engine leaves the arrays (Fleet.unpark) as soon as
 something happens to it alone, and carries on in its own process exactly as if it had never left.
 
 Things that happen inside a plan without a decision (the prefills admitting the routed samples,

@@ -1,9 +1,19 @@
 """The simulator's inner loops, compiled with numba.
 
-Each kernel is the scalar arithmetic of the function it serves (named in its docstring), in the
-same order, so a compiled run gives the same bits as the Python formulas: no fastmath, so no
-reassociation or fused multiply-adds. The fleet-wide passes run on tens of thousands of samples
-at every weight push; as numpy expressions they cost one pass over memory per operation.
+At every weight push the fleet stops, reloads and replans every engine together: passes over all
+samples in flight (tens of thousands at 1024 GPUs). As numpy expressions each such pass costs one
+trip over memory per operation; here each is one loop. Floating-point arithmetic keeps the order
+of the formulas it replaced and numba's default strict IEEE mode (no fastmath: no reassociation,
+no fused multiply-adds), so results are the same bits (bench/sim_compare.py checks a change
+against an older tree). Kernels compile on first use and are cached beside this file (about ten
+seconds once per install).
+
+  decode sums    jump_total(s), stop_after       (sim.costs.DecodeTable)
+  prefill        prefill_one, prefill_many       (sim.costs.PrefillCurve)
+  planning       plan_jumps, plan_clock          (sim.planning.plan_flat)
+  fleet passes   admissible, admit_rows, planned_completions, jumps_ended, stop_rows,
+                 split_stopped                   (sim.engine.Fleet)
+  completions    take_due, live_entries          (sim.pending.Pending)
 """
 
 from __future__ import annotations
