@@ -206,13 +206,15 @@ class Controller(ControllerBase):
         """Distinct key rows (one per kind of engine) and each engine's row."""
         if self._keys is None:
             tables = [e.mean_iteration_s for e in self.engines]
-            distinct = list(dict.fromkeys(tables))
+            # engines of one group share one tuple: telling them apart by identity skips hashing
+            # hundreds of long tuples (two equal tuples would make two equal rows: the same routing)
+            distinct = list({id(t): t for t in tables}.values())
             width = max(len(t) for t in distinct)
             keys = np.full((len(distinct), width), np.inf)
             for r, t in enumerate(distinct):
                 keys[r, :len(t)] = t
-            where = {t: r for r, t in enumerate(distinct)}
-            self._keys = (keys, np.array([where[t] for t in tables]))
+            where = {id(t): r for r, t in enumerate(distinct)}
+            self._keys = (keys, np.array([where[id(t)] for t in tables]))
         return self._keys
 
     @staticmethod
