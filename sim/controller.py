@@ -101,6 +101,26 @@ def water_fill(n: int, loads: np.ndarray, caps: np.ndarray, keys: np.ndarray, ro
     return engine[np.argsort(small, kind="stable")[:n]]
 
 
+FEW = 4  # up to this many samples, route_few; more, water_fill
+
+
+def route_few(n: int, loads: np.ndarray, caps: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """`water_fill` for a handful of samples: each in turn to the engine with the smallest
+    (keys[e, load + 1], e) that has room, as the one-at-a-time heap would (keys rising with load)."""
+    loads, width = loads.copy(), keys.shape[1]
+    room = (loads < caps) & (loads + 1 < width)
+    key = np.where(room, keys[np.arange(len(loads)), np.minimum(loads + 1, width - 1)], np.inf)
+    out = np.empty(n, np.int64)
+    for m in range(n):
+        e = int(np.argmin(key))  # the first of equal keys: the lowest engine
+        if key[e] == np.inf:  # no room left anywhere
+            return out[:m]
+        out[m] = e
+        loads[e] += 1
+        key[e] = keys[e, loads[e] + 1] if loads[e] < caps[e] and loads[e] + 1 < width else np.inf
+    return out
+
+
 class ControllerBase:
     """What both controllers (this one and the token-level reference's) share: the admission counts
     of the staleness rule, and routing deferred to the end of the current instant."""
@@ -155,6 +175,7 @@ class Controller(ControllerBase):
         self._retime_pending = False
         self._keys: tuple[np.ndarray, np.ndarray] | None = None  # router: see _router_keys
         self._key_table: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # and water_fill's view of it
+        self._rising: bool | None = None  # every key row rises with load (see water_fill)
         self._caps: np.ndarray | None = None
         self.fleet: Router | None = None  # routes through the fleet's arrays when set
 
@@ -179,7 +200,11 @@ class Controller(ControllerBase):
             return
         loads, caps = loads[idx], self._caps[idx]
         keys, row_of = self._router_keys()
-        if np.all(np.diff(keys, axis=1) >= 0):
+        if self._rising is None:
+            self._rising = bool(np.all(np.diff(keys, axis=1) >= 0))
+        if self._rising and n <= FEW:  # a completion frees a slot: one or two samples to route
+            engine = idx[route_few(n, loads, caps, keys[row_of[idx]])]
+        elif self._rising:
             if self._key_table is None:
                 self._key_table = key_table(keys)
             engine = idx[water_fill(n, loads, caps, keys, row_of[idx], self._key_table)]

@@ -559,6 +559,9 @@ class Fleet:
     def assign(self, engine: np.ndarray, sids: np.ndarray) -> None:
         """The router sends sids[i] to engine[i]: engines that just loaded as arrays take theirs as
         arrays; the others hear of their work in the order they got their first sample."""
+        if len(engine) == 1 and not self._to_plan:  # the common case of a busy fleet: a freed slot refilled
+            self.engines[int(engine[0])].assign(sids)
+            return
         member = np.full(len(self.engines), -1)
         slot = np.zeros(len(self.engines), np.int64)
         for gi, g in enumerate(self._to_plan):

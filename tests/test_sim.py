@@ -188,6 +188,24 @@ def test_queue_and_timeline_shapes() -> None:
     assert r.cost_per_1k_samples > 0 and np.isfinite(r.cost_per_1k_samples)
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_routing_a_few_samples_matches_the_water_fill(seed: int) -> None:
+    """route_few (a completion frees a slot: one argmin per sample) and water_fill (a bisection on
+    the key) both give the one-at-a-time heap's choice, ties to the lowest engine included."""
+    from sim.controller import FEW, route_few, water_fill
+
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        engines, width = int(rng.integers(1, 12)), int(rng.integers(3, 10))
+        keys = np.sort(np.round(rng.uniform(0.01, 0.05, (engines, width)), 3), axis=1)  # ties on purpose
+        caps = rng.integers(1, width, engines)
+        loads = np.minimum(rng.integers(0, width, engines), caps - 1)
+        rows = np.arange(engines)
+        for n in range(1, FEW + 1):
+            want = water_fill(n, loads, caps, keys, rows)
+            assert route_few(n, loads, caps, keys).tolist() == want.tolist()
+
+
 def test_router_water_fills_from_the_fastest_engines() -> None:
     """Admissions spread evenly over the fastest engines, and reach slower ones only as those fill."""
     plan = Plan(mode="async", staleness=0, trainer=TrainerGroup(gpu_type="H800", dp=8),
