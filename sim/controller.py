@@ -202,7 +202,7 @@ class Controller(ControllerBase):
         keys, row_of = self._router_keys()
         if self._rising is None:
             self._rising = bool(np.all(np.diff(keys, axis=1) >= 0))
-        if self._rising and n <= FEW:  # a completion frees a slot: one or two samples to route
+        if self._rising and min(n, int((caps - loads).sum())) <= FEW:  # a completion freed a slot or two
             engine = idx[route_few(n, loads, caps, keys[row_of[idx]])]
         elif self._rising:
             if self._key_table is None:
