@@ -427,3 +427,35 @@ def split_stopped(chosen: np.ndarray, fate: np.ndarray, n_done: np.ndarray, rows
         slot += 1
     return (gone_sid, gone_version, gone_tokens, late_owner, late_rank, stay_owner, stay_sid, stay_fin, stay_joined,
             stay_count)
+
+
+@njit(cache=True)
+def first_jump(sid: np.ndarray, finish: np.ndarray, joined: np.ndarray, progress: int, context: float, kv: float,
+               exit_tokens: np.ndarray, base: np.ndarray, slope: np.ndarray, ds: float, t0: float
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int, float, float]:
+    """sim.planning.plan_first_jump: one engine's batch sorted by (finish, sid) (an insertion sort:
+    a running batch is sorted but for the samples just joined), and its jump to the first
+    completion, cut where the KV cache would overflow: (sorted sid, finish, joined; b, k,
+    completions, end, KV context after it)."""
+    b = len(sid)
+    sid, finish, joined = sid.copy(), finish.copy(), joined.copy()
+    for i in range(1, b):
+        s, f, j = sid[i], finish[i], joined[i]
+        q = i - 1
+        while q >= 0 and (finish[q] > f or (finish[q] == f and sid[q] > s)):
+            sid[q + 1], finish[q + 1], joined[q + 1] = sid[q], finish[q], joined[q]
+            q -= 1
+        sid[q + 1], finish[q + 1], joined[q + 1] = s, f, j
+    first = finish[0]
+    n, freed = 0, 0
+    while n < b and finish[n] == first:
+        freed += exit_tokens[sid[n]]
+        n += 1
+    k = first - progress
+    room = (kv - context) // b
+    if room < k:  # the cache overflows first: stop there
+        k0 = max(1, min(k, int(room))) if room >= 1 else 1
+        if k0 != k:
+            n, freed, k = 0, 0, k0
+    end = t0 + jump_total(base, slope, ds, b, context, k)
+    return sid, finish, joined, b, k, n, end, context + (b * k - freed)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.costs import DecodeTable
-from sim.kernels import plan_clock, plan_jumps
+from sim.kernels import first_jump, plan_clock, plan_jumps
 from sim.pending import Chunk
 
 
@@ -168,21 +168,16 @@ def plan_flat(eng: np.ndarray, sid: np.ndarray, fin: np.ndarray, joined: np.ndar
 
 def plan_first_jump(r: Request, exit_tokens: np.ndarray) -> Plan:
     """`plan_many` for one engine that stops at its first completion (it has decisions to take at
-    every completion: samples wait for KV room, or new requests may come): one jump, in scalars.
-    The same arithmetic as `plan_many`, so the same bits."""
-    order = np.lexsort((r.batch.sid, r.batch.finish))
-    batch = r.batch.without(order)
-    first = int(batch.finish[0])
-    n = int(np.searchsorted(batch.finish, first, "right"))
-    b, k, s0 = len(batch), first - r.progress, r.context
-    room = (r.kv_tokens - s0) // b
-    freed = int(exit_tokens[batch.sid[:n]].sum())
-    if room < k:  # the cache overflows first: stop there
-        k0 = max(1, min(k, int(room))) if room >= 1 else 1
-        n, freed, k = (n, freed, k) if k0 == k else (0, 0, k0)
-    end = r.t0 + r.decode.total(b, s0, k)
-    return Plan(r.t0, np.array([b]), np.array([s0]), np.array([k]), np.array([end]), np.array([n]),
-                np.array([s0 + (b * k - freed)]), batch, np.array([n]), 0, np.array([r.t0]), np.array([k]))
+    every completion: samples wait for KV room, or new requests may come): one jump, compiled
+    (sim.kernels.first_jump). The same arithmetic as `plan_many`, so the same bits."""
+    d = r.decode
+    sid, finish, joined, b, k, n, end, after = first_jump(
+        r.batch.sid, r.batch.finish, r.batch.joined, r.progress, float(r.context), float(r.kv_tokens), exit_tokens,
+        d.base_arr, d.slope_arr, d.ds, float(r.t0))
+    # one array per dtype, one element per field (two small arrays instead of nine)
+    i, f = np.array([b, k, n, n, k]), np.array([r.context, end, after, r.t0])
+    return Plan(r.t0, i[0:1], f[0:1], i[1:2], f[1:2], i[2:3], f[2:3], Batch(sid, finish, joined), i[3:4], 0, f[3:4],
+                i[4:5])
 
 
 def _durations(tables: list[DecodeTable], je: np.ndarray, b: np.ndarray, s: np.ndarray, k: np.ndarray
