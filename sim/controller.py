@@ -30,6 +30,7 @@ import numpy as np
 import simpy
 
 from sim.clock import timeout_at
+from sim.kernels import route_few
 from sim.pending import Chunk, Pending
 from sim.recorder import Recorder
 from sim.samples import Samples
@@ -101,24 +102,7 @@ def water_fill(n: int, loads: np.ndarray, caps: np.ndarray, keys: np.ndarray, ro
     return engine[np.argsort(small, kind="stable")[:n]]
 
 
-FEW = 4  # up to this many samples, route_few; more, water_fill
-
-
-def route_few(n: int, loads: np.ndarray, caps: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """`water_fill` for a handful of samples: each in turn to the engine with the smallest
-    (keys[e, load + 1], e) that has room, as the one-at-a-time heap would (keys rising with load)."""
-    loads, width = loads.copy(), keys.shape[1]
-    room = (loads < caps) & (loads + 1 < width)
-    key = np.where(room, keys[np.arange(len(loads)), np.minimum(loads + 1, width - 1)], np.inf)
-    out = np.empty(n, np.int64)
-    for m in range(n):
-        e = int(np.argmin(key))  # the first of equal keys: the lowest engine
-        if key[e] == np.inf:  # no room left anywhere
-            return out[:m]
-        out[m] = e
-        loads[e] += 1
-        key[e] = keys[e, loads[e] + 1] if loads[e] < caps[e] and loads[e] + 1 < width else np.inf
-    return out
+FEW = 4  # up to this many free slots, sim.kernels.route_few; more, water_fill
 
 
 class ControllerBase:

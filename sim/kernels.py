@@ -14,6 +14,8 @@ seconds once per install).
   fleet passes   admissible, admit_rows, planned_completions, jumps_ended, stop_rows,
                  split_stopped                   (sim.engine.Fleet)
   completions    take_due, live_entries          (sim.pending.Pending)
+  one engine     first_jump                      (sim.planning.plan_first_jump)
+  routing        route_few                       (sim.controller.Controller.dispatch)
 """
 
 from __future__ import annotations
@@ -459,3 +461,23 @@ def first_jump(sid: np.ndarray, finish: np.ndarray, joined: np.ndarray, progress
             n, freed, k = 0, 0, k0
     end = t0 + jump_total(base, slope, ds, b, context, k)
     return sid, finish, joined, b, k, n, end, context + (b * k - freed)
+
+
+@njit(cache=True)
+def route_few(n: int, loads: np.ndarray, caps: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """sim.controller.water_fill for a handful of samples (a completion freed a slot or two): each
+    in turn to the engine with the smallest (keys[e, load + 1], e) that has room, as the
+    one-at-a-time heap would (keys rising with load)."""
+    loads, width = loads.copy(), keys.shape[1]
+    key = np.empty(len(loads))
+    for e in range(len(loads)):
+        key[e] = keys[e, loads[e] + 1] if loads[e] < caps[e] and loads[e] + 1 < width else np.inf
+    out = np.empty(n, np.int64)
+    for m in range(n):
+        e = np.argmin(key)  # the first of equal keys: the lowest engine
+        if key[e] == np.inf:  # no room left anywhere
+            return out[:m]
+        out[m] = e
+        loads[e] += 1
+        key[e] = keys[e, loads[e] + 1] if loads[e] < caps[e] and loads[e] + 1 < width else np.inf
+    return out

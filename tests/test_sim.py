@@ -192,7 +192,8 @@ def test_queue_and_timeline_shapes() -> None:
 def test_routing_a_few_samples_matches_the_water_fill(seed: int) -> None:
     """route_few (a completion frees a slot: one argmin per sample) and water_fill (a bisection on
     the key) both give the one-at-a-time heap's choice, ties to the lowest engine included."""
-    from sim.controller import FEW, route_few, water_fill
+    from sim.controller import FEW, water_fill
+    from sim.kernels import route_few
 
     rng = np.random.default_rng(seed)
     for _ in range(200):
