@@ -179,21 +179,25 @@ class Controller(ControllerBase):
         else:
             accepting = np.array([e.accepting(self.version) for e in self.engines], bool)
             loads = np.array([e.load() if a else 0 for e, a in zip(self.engines, accepting, strict=True)], np.int64)
-        idx = np.flatnonzero(accepting & (loads < self._caps))
-        if not len(idx):
-            return
-        loads, caps = loads[idx], self._caps[idx]
         keys, row_of = self._router_keys()
         if self._rising is None:
             self._rising = bool(np.all(np.diff(keys, axis=1) >= 0))
-        if self._rising and min(n, int((caps - loads).sum())) <= FEW:  # a completion freed a slot or two
-            engine = idx[route_few(n, loads, caps, keys[row_of[idx]])]
-        elif self._rising:
-            if self._key_table is None:
-                self._key_table = key_table(keys)
-            engine = idx[water_fill(n, loads, caps, keys, row_of[idx], self._key_table)]
-        else:  # a key that falls with load: route one at a time, as the definition says
-            engine = self._route_one_by_one(n, idx, loads, caps, keys[row_of[idx]])
+        routed = False
+        if self._rising:  # a completion freed a slot or two: one argmin per sample (else not routed)
+            engine, routed = route_few(n, accepting, loads, self._caps, keys, row_of, FEW)
+        if not routed:
+            idx = np.flatnonzero(accepting & (loads < self._caps))
+            if not len(idx):
+                return
+            loads, caps = loads[idx], self._caps[idx]
+            if self._rising:
+                if self._key_table is None:
+                    self._key_table = key_table(keys)
+                engine = idx[water_fill(n, loads, caps, keys, row_of[idx], self._key_table)]
+            else:  # a key that falls with load: route one at a time, as the definition says
+                engine = self._route_one_by_one(n, idx, loads, caps, keys[row_of[idx]])
+        if not len(engine):
+            return
         n = len(engine)
         sids = np.arange(self.admitted, self.admitted + n)
         self.samples.start_version[sids] = self.version

@@ -464,20 +464,30 @@ def first_jump(sid: np.ndarray, finish: np.ndarray, joined: np.ndarray, progress
 
 
 @njit(cache=True)
-def route_few(n: int, loads: np.ndarray, caps: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """sim.controller.water_fill for a handful of samples (a completion freed a slot or two): each
-    in turn to the engine with the smallest (keys[e, load + 1], e) that has room, as the
-    one-at-a-time heap would (keys rising with load)."""
-    loads, width = loads.copy(), keys.shape[1]
+def route_few(n: int, accepting: np.ndarray, loads: np.ndarray, caps: np.ndarray, keys: np.ndarray,
+              row: np.ndarray, few: int) -> tuple[np.ndarray, bool]:
+    """sim.controller.water_fill when at most `few` samples can be placed (a completion freed a slot
+    or two): each in turn to the accepting engine with the smallest (keys[row[e], load + 1], e)
+    that has room, as the one-at-a-time heap would (keys rising with load). Returns the engines
+    and True; or nothing and False when more than `few` would be placed (the caller water-fills)."""
+    width = keys.shape[1]
+    loads = loads.copy()
+    room = 0
+    for e in range(len(loads)):
+        if accepting[e] and loads[e] < caps[e]:
+            room += caps[e] - loads[e]
+    if min(n, room) > few:
+        return np.empty(0, np.int64), False
     key = np.empty(len(loads))
     for e in range(len(loads)):
-        key[e] = keys[e, loads[e] + 1] if loads[e] < caps[e] and loads[e] + 1 < width else np.inf
-    out = np.empty(n, np.int64)
-    for m in range(n):
+        free = accepting[e] and loads[e] < caps[e] and loads[e] + 1 < width
+        key[e] = keys[row[e], loads[e] + 1] if free else np.inf
+    out = np.empty(min(n, room), np.int64)
+    for m in range(len(out)):
         e = np.argmin(key)  # the first of equal keys: the lowest engine
         if key[e] == np.inf:  # no room left anywhere
-            return out[:m]
+            return out[:m], True
         out[m] = e
         loads[e] += 1
-        key[e] = keys[e, loads[e] + 1] if loads[e] < caps[e] and loads[e] + 1 < width else np.inf
-    return out
+        key[e] = keys[row[e], loads[e] + 1] if loads[e] < caps[e] and loads[e] + 1 < width else np.inf
+    return out, True

@@ -202,9 +202,15 @@ def test_routing_a_few_samples_matches_the_water_fill(seed: int) -> None:
         caps = rng.integers(1, width, engines)
         loads = np.minimum(rng.integers(0, width, engines), caps - 1)
         rows = np.arange(engines)
+        accepting = rng.random(engines) < 0.8
+        loads[~accepting] = caps[~accepting]  # the router only offers accepting engines with room
+        keep = np.flatnonzero(accepting)
         for n in (*range(1, FEW + 1), 50):  # 50: more than there are slots
-            want = water_fill(n, loads, caps, keys, rows)
-            assert route_few(n, loads, caps, keys).tolist() == want.tolist()
+            want = keep[water_fill(n, loads[keep], caps[keep], keys, rows[keep])] if len(keep) else keep
+            got, routed = route_few(n, accepting, loads, caps, keys, rows, 50)
+            assert routed and got.tolist() == want.tolist()
+        assert not route_few(FEW + 1, np.ones(engines, bool), np.zeros(engines, np.int64), np.full(engines, FEW + 1),
+                             keys, rows, FEW)[1]  # more slots than `few`: the caller water-fills
 
 
 def test_router_water_fills_from_the_fastest_engines() -> None:
