@@ -129,22 +129,15 @@ def results_of(tree: Path) -> dict[str, Any]:
 
 
 TIMING = """
-import json, sys, time
-from bench.sim_speed import CLUSTER, PLAN, WORKLOAD
-from sim import simulate
-from traces import CostModel
-runs = []
-for _ in range(3):
-    t0, c0 = time.perf_counter(), time.process_time()
-    r = simulate(CLUSTER, WORKLOAD, PLAN, CostModel.roofline_only(), steps=50, seed=0, record_queue=False)
-    runs.append((time.perf_counter() - t0, time.process_time() - c0, r.sim_seconds, r.events))
-print(json.dumps(runs))
+import json
+from bench.sim_speed import timed
+print(json.dumps([timed(50, token_level=False) for _ in range(3)]))
 """
 
 
 def speed(trees: dict[str, Path], rounds: int) -> None:
     """Time the bench plan in each tree, alternating processes, and print best and median figures."""
-    runs: dict[str, list[tuple[float, float, float, int]]] = {name: [] for name in trees}
+    runs: dict[str, list[tuple[float, float, int, float]]] = {name: [] for name in trees}  # sim_speed.timed's
     for r in range(rounds):
         for name in (list(trees) if r % 2 == 0 else list(trees)[::-1]):
             env = {**os.environ, "PYTHONPATH": str(trees[name])}
@@ -152,8 +145,8 @@ def speed(trees: dict[str, Path], rounds: int) -> None:
                                  capture_output=True, text=True).stdout
             runs[name] += [tuple(x) for x in json.loads(out)]  # type: ignore[misc]
     for name, rs in runs.items():
-        walls, cpus = sorted(x[0] for x in rs), sorted(x[1] for x in rs)
-        sim_s, events = rs[0][2], rs[0][3]
+        walls, cpus = sorted(x[0] for x in rs), sorted(x[3] for x in rs)
+        sim_s, events = rs[0][1], rs[0][2]
         mid = len(rs) // 2
         wall = f"wall best {walls[0]:.3f} s median {walls[mid]:.3f} s"
         cpu = f"cpu best {cpus[0]:.3f} s median {cpus[mid]:.3f} s"

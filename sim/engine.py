@@ -481,7 +481,7 @@ class Fleet:
         rec.count(len(cutting))
         gone_sid, gone_version, gone_tokens, late_owner, late_rank, *stays = split_stopped(
             chosen, fate, n_done, flat.rows, flat.sid, flat.fin, flat.joined, p.version)
-        s.credit_many(gone_sid, gone_version, gone_tokens)
+        s.credit(gone_sid, gone_version, gone_tokens)
         if len(late_owner):  # finished by the iteration in progress: in at its end
             ends = np.zeros(n)
             ends[cutting] = stop_at
@@ -528,7 +528,7 @@ class Fleet:
         self.rec.fleet_intervals(self._names, self._groups, "weight_load", gidx, g.start, np.full(len(gidx), now),
                                  np.full(len(gidx), version), sizes)
         tokens = g.progress[g.owner] - g.joined
-        s.credit_many(g.sid, g.version[g.owner], tokens)
+        s.credit(g.sid, g.version[g.owner], tokens)
         s.generated[g.sid] += tokens
         g.joined = g.progress[g.owner]
         g.version = np.full(len(gidx), version)
@@ -680,28 +680,35 @@ class Engine:
         else:
             self.fleet._upd_v[self.index], self.fleet._upd_t[self.index] = request
 
+    def _home_if(self, where: int) -> Any:
+        """Its Parked or Loading when the fleet holds it there (`where`), else None."""
+        return self.fleet._home[self.index] if self.fleet._where[self.index] == where else None
+
+    def _leave(self, where: int) -> None:
+        """Back to its own process, if the fleet held it in `where` (only the fleet puts it there)."""
+        if self.fleet._where[self.index] == where:
+            self.fleet._place([self.index], OWN, None)
+
     @property
     def _parked(self) -> Parked | None:
         """Parked with the fleet (sim.bulk): its state lives in the fleet's arrays meanwhile, and its
         process waits on `_park` until the fleet hands it back."""
-        return self.fleet._home[self.index] if self.fleet._where[self.index] == PARKED else None
+        return self._home_if(PARKED)
 
     @_parked.setter
-    def _parked(self, parked: Parked | None) -> None:
+    def _parked(self, parked: None) -> None:
         assert parked is None, "the fleet parks engines (Fleet._place)"
-        if self.fleet._where[self.index] == PARKED:
-            self.fleet._place([self.index], OWN, None)
+        self._leave(PARKED)
 
     @property
     def _loading(self) -> Loading | None:
         """Stopped with the fleet for a weight push: waiting for (or just given) the weights as arrays."""
-        return self.fleet._home[self.index] if self.fleet._where[self.index] == LOADING else None
+        return self._home_if(LOADING)
 
     @_loading.setter
-    def _loading(self, loading: Loading | None) -> None:
+    def _loading(self, loading: None) -> None:
         assert loading is None, "the fleet stops engines (Fleet._place)"
-        if self.fleet._where[self.index] == LOADING:
-            self.fleet._place([self.index], OWN, None)
+        self._leave(LOADING)
 
     @property
     def _slot(self) -> int:

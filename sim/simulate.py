@@ -6,7 +6,6 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
 
 import numpy as np
 import simpy
@@ -24,7 +23,7 @@ from traces.costmodel.rl import trainer_step_seconds
 from traces.links import sync_path_bytes_per_s
 from traces.plan import RolloutGroup
 from traces.progress import bar
-from traces.records import warm_steps
+from traces.records import steady_state, warm_steps
 
 MAX_SAMPLES = 20_000_000  # lengths are drawn up front: bound the memory a bad input can ask for
 
@@ -89,30 +88,16 @@ def _step_costs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan
     kw = {"zero_stage": t.zero_stage, "recompute": t.recompute, "gpus_per_node": groups[0].gpus_per_node,
           "inter_node_bytes_per_s": min(g.inter_node_gb_per_s for g in groups) * 1e9}
 
-    gpu, fixed = cluster.gpu(t.gpu_type), cast(Workload, _StepWorkload(workload))
+    gpu = cluster.gpu(t.gpu_type)
     memo: dict[int, tuple[float, float]] = {}  # steps of fixed-length samples repeat their token count
 
     def step_seconds(tokens: int) -> tuple[float, float]:
         if tokens not in memo:
-            logprob, train = trainer_step_seconds(cm, gpu, fixed, t.dp, t.tp, t.pp, tokens, **kw)
+            logprob, train = trainer_step_seconds(cm, gpu, workload, t.dp, t.tp, t.pp, tokens, **kw)
             memo[tokens] = (float(logprob), float(train))
         return memo[tokens]
 
     return step_seconds
-
-
-class _StepWorkload:
-    """The workload as trainer_step_seconds reads it, with its mean sample length worked out once
-    (Workload.mean_tokens_per_sample integrates the length distributions on every read, as much
-    time as the rest of the step's cost model)."""
-
-    def __init__(self, workload: Workload) -> None:
-        self._workload = workload
-        self.mean_tokens_per_sample = workload.mean_tokens_per_sample
-        self.max_seq_len = workload.max_seq_len
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._workload, name)
 
 
 def simulate(
@@ -226,11 +211,10 @@ def _result(
     steps = len(rec.step_ends)
     trained = np.concatenate(rec.trained) if rec.trained else np.empty(0, np.int64)
     trained.flags.writeable = False
-    warm = warm_steps(plan.staleness, steps)  # the start-up transient; a measured run skips the same steps
-    t0 = rec.step_ends[warm - 1] if warm else 0.0
-    window = rec.step_ends[-1] - t0
-    samples = sum(rec.step_samples[warm:])
-    tokens = sum(rec.step_tokens[warm:])
+    # after the start-up transient, as a measured run's throughput is taken (traces.records)
+    warm = warm_steps(plan.staleness, steps)
+    samples, window = steady_state(rec.step_ends, rec.step_samples, plan.staleness)
+    tokens, _ = steady_state(rec.step_ends, rec.step_tokens, plan.staleness)
     ends = [0.0, *rec.step_ends]
     step_times = tuple(b - a for a, b in itertools.pairwise(ends))
     util: dict[str, float] = {}

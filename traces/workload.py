@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from pathlib import Path
@@ -80,18 +81,9 @@ class LengthDist(BaseModel):
         return int(max(self.lengths))  # type: ignore[arg-type]
 
     def expected(self) -> float:
-        """Mean length (capping included)."""
-        if self.kind == "fixed":
-            return float(self.value)  # type: ignore[arg-type]
-        if self.kind == "uniform":
-            return (self.low + self.high) / 2  # type: ignore[operator]
-        if self.kind == "empirical":
-            lengths, counts = np.asarray(self.lengths, float), np.asarray(self.counts, float)
-            return float((lengths * counts).sum() / counts.sum())
-        # E[min(X, c)] for lognormal X: exp(mu + s^2/2) Phi((ln c - mu - s^2)/s) + c (1 - Phi((ln c - mu)/s)).
-        mu, s, c = self._mu(), float(self.sigma), float(self.cap)  # type: ignore[arg-type]
-        z = (math.log(c) - mu) / s
-        return math.exp(mu + s * s / 2) * float(norm.cdf(z - s)) + c * float(norm.sf(z))
+        """Mean length (capping included): worked out once per distribution, as the simulator's
+        trainer asks at every step."""
+        return _expected(self)
 
     def expected_square(self) -> float:
         """E[L^2], used for the mean context a sequence sees while it decodes."""
@@ -173,6 +165,21 @@ class Workload(BaseModel):
     @property
     def mean_tokens_per_sample(self) -> float:
         return self.prompt_len.expected() + self.response_len.expected()
+
+
+@functools.lru_cache(maxsize=256)
+def _expected(dist: LengthDist) -> float:
+    if dist.kind == "fixed":
+        return float(dist.value)  # type: ignore[arg-type]
+    if dist.kind == "uniform":
+        return (dist.low + dist.high) / 2  # type: ignore[operator]
+    if dist.kind == "empirical":
+        lengths, counts = np.asarray(dist.lengths, float), np.asarray(dist.counts, float)
+        return float((lengths * counts).sum() / counts.sum())
+    # E[min(X, c)] for lognormal X: exp(mu + s^2/2) Phi((ln c - mu - s^2)/s) + c (1 - Phi((ln c - mu)/s)).
+    mu, s, c = dist._mu(), float(dist.sigma), float(dist.cap)  # type: ignore[arg-type]
+    z = (math.log(c) - mu) / s
+    return math.exp(mu + s * s / 2) * float(norm.cdf(z - s)) + c * float(norm.sf(z))
 
 
 def _inline_histograms(data: Any, base: Path) -> Any:
