@@ -69,22 +69,12 @@ def add_profile_arg(p: argparse.ArgumentParser) -> None:
 
 
 def cost_model(args: argparse.Namespace) -> Any:
-    """The cost model: the shipped profile tables plus any `--profile` CSVs.
-
-    A given table replaces the shipped rows of the GPU types and models it measures, rather than
-    being averaged with them: it is this user's hardware.
-    """
-    import pandas as pd
-
+    """The cost model: the shipped profile tables, overlaid with any `--profile` CSVs (ProfileTable.overlay)."""
     from traces import CostModel, ProfileTable
 
     if not args.profile:
         return CostModel()
-    shipped, given = ProfileTable.shipped().frame, ProfileTable.from_csv(*args.profile).frame
-    measured = set(zip(given["gpu_type"], given["model"], strict=True))
-    keep = [(g, m) not in measured for g, m in zip(shipped["gpu_type"], shipped["model"], strict=True)]
-    frames = [f for f in (shipped[keep], given) if len(f)]
-    return CostModel(ProfileTable.from_frame(pd.concat(frames, ignore_index=True)) if frames else ProfileTable.empty())
+    return CostModel(ProfileTable.shipped().overlay(ProfileTable.from_csv(*args.profile)))
 
 
 def build_parser() -> argparse.ArgumentParser:

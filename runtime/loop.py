@@ -175,15 +175,10 @@ def run_toy(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0, out
 
     `resume`: continue the run in `out_dir` from its last checkpoint (runtime.records).
     """
-    out = Path(out_dir) if out_dir is not None else None
-    task, tokenizer = task or AdditionTask(max_operand=4), CharTokenizer()
-    ident = run_identity(task, engines, staleness, seed, prompts_per_step, group_size, hidden, layers, identity)
-    record = resume_record(out, resume, ident, steps)
-    train = train or TrainConfig(entropy_coef=0.01, decay_steps=steps)
-    model = build_model(tiny_llama_config(tokenizer, hidden=hidden, layers=layers, intermediate=4 * hidden), seed=seed)
-    if out is not None and record is None:
-        save_model(model, tokenizer, out / "initial_model")  # the HF folder a vLLM engine would load
-    before = evaluate(model, task, tokenizer)
+    toy = toy_setup(steps, engines, staleness, seed, out_dir, prompts_per_step, group_size, train, task, hidden,
+                    layers, resume, identity)
+    out, task, tokenizer, ident, record, train, model, before = (
+        toy.out, toy.task, toy.tokenizer, toy.identity, toy.record, toy.train, toy.model, toy.before)
     clock = time.time  # wall clock, not perf_counter: a resumed run's records continue another process's
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -207,6 +202,36 @@ def run_toy(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0, out
     seconds = clock() - t0
     after = evaluate(trainer.model, task, tokenizer)
     return summarize(loop.control, before, after, task, seconds, out, trainer.version, trainer.optimizer_steps())
+
+
+@dataclass(frozen=True)
+class ToySetup:
+    """What a toy run (run_toy, runtime.ray_loop.run_toy_ray) starts from."""
+
+    out: Path | None
+    task: AdditionTask
+    tokenizer: CharTokenizer
+    identity: dict[str, Any]
+    record: dict[str, Any] | None  # the checkpoint record it resumes from, if any
+    train: TrainConfig
+    model: PreTrainedModel  # the initial model (a resumed trainer then loads its checkpoint)
+    before: float  # its reward before training
+
+
+def toy_setup(steps: int, engines: int, staleness: int, seed: int, out_dir: str | Path | None,
+              prompts_per_step: int, group_size: int, train: TrainConfig | None, task: AdditionTask | None,
+              hidden: int, layers: int, resume: bool, identity: dict[str, Any] | None) -> ToySetup:
+    """The task, the run's identity and resume record, the train config and the initial model (saved
+    as the HF folder a vLLM engine would load, on a fresh run with an out folder), and its reward."""
+    out = Path(out_dir) if out_dir is not None else None
+    task, tokenizer = task or AdditionTask(max_operand=4), CharTokenizer()
+    ident = run_identity(task, engines, staleness, seed, prompts_per_step, group_size, hidden, layers, identity)
+    record = resume_record(out, resume, ident, steps)
+    train = train or TrainConfig(entropy_coef=0.01, decay_steps=steps)  # a resumed trainer takes the checkpoint's
+    model = build_model(tiny_llama_config(tokenizer, hidden=hidden, layers=layers, intermediate=4 * hidden), seed=seed)
+    if out is not None and record is None:
+        save_model(model, tokenizer, out / "initial_model")
+    return ToySetup(out, task, tokenizer, ident, record, train, model, evaluate(model, task, tokenizer))
 
 
 def summarize(control: Controller, before: float, after: float, task: AdditionTask, seconds: float,

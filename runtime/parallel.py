@@ -32,7 +32,6 @@ tested here; the CUDA/NCCL path is wired the same way but untested on this machi
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import os
 import time
@@ -46,6 +45,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from transformers import PreTrainedModel
 
+from runtime.sync import SyncGroup
 from runtime.trainer import (
     Packed,
     Rollout,
@@ -77,13 +77,7 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def host_dp_store(host: str, world_size: int, timeout_s: float = 300.0) -> dist.TCPStore:
-    """The data-parallel group's store, on a free port of `host` (read it back from `.port`).
-
-    Hosted by rank 0 (or by the process that spawns the ranks); the others connect with `init_dp_group`.
-    """
-    return dist.TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False,
-                         timeout=datetime.timedelta(seconds=timeout_s))
+host_dp_store = SyncGroup.host_store  # the data-parallel group's store: rank 0's, as the sync group's
 
 
 def init_dp_group(rank: int, world_size: int, host: str = "127.0.0.1", port: int = 0,
@@ -150,10 +144,6 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor().detach() if isinstance(tensor, DTensor) else tensor.detach()
 
 
-def _to_device(batch: Packed, device: torch.device) -> Packed:
-    return Packed(*(getattr(batch, f.name).to(device) for f in dataclasses.fields(batch)))
-
-
 class DataParallelTrainer(Trainer):
     """One data-parallel rank of the GRPO trainer; `train_step` takes the global batch on every rank.
 
@@ -215,7 +205,7 @@ class DataParallelTrainer(Trainer):
         rows = shard_rows([r.group for r in rollouts], self.rank, self.world_size)
         rewards = torch.tensor([r.reward for r in rollouts])
         adv = grpo_advantages(rewards, torch.tensor([r.group for r in rollouts]), cfg.adv_eps)[list(rows)]
-        batch = _to_device(pack([rollouts[i] for i in rows], self.pad_id), self.device)
+        batch = pack([rollouts[i] for i in rows], self.pad_id).to(self.device)
         adv_tokens = adv.to(self.device)[:, None].expand_as(batch.behav)
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr_at(step)
@@ -236,7 +226,7 @@ class DataParallelTrainer(Trainer):
             self.optimizer.step()
         self.version += 1
         self.last_intervals = (("logprob", t0, t1), ("train", t1, self.clock()))
-        return self._global_stats(rollouts, step, torch.stack(sums), totals, norms)
+        return self._global_stats(rollouts, rewards, step, torch.stack(sums), totals, norms)
 
     def _minibatch(self, batch: Packed, prox: torch.Tensor, adv_tokens: torch.Tensor, mine: list[int],
                    total: int) -> torch.Tensor:
@@ -259,8 +249,8 @@ class DataParallelTrainer(Trainer):
         return torch.tensor([float(token_sum.detach()), stats.clip_fraction * tokens, stats.dropped_fraction * tokens,
                              stats.mean_behav_weight * tokens, float(entropy_sum.detach())], dtype=torch.float64)
 
-    def _global_stats(self, rollouts: list[Rollout], step: int, sums: torch.Tensor, totals: list[int],
-                      norms: list[float]) -> StepStats:
+    def _global_stats(self, rollouts: list[Rollout], rewards: torch.Tensor, step: int, sums: torch.Tensor,
+                      totals: list[int], norms: list[float]) -> StepStats:
         """Sum the ranks' statistic sums (one all-reduce), divide by global token counts, average minibatches."""
         sums = sums.to(self.device)
         dist.all_reduce(sums)
@@ -269,7 +259,7 @@ class DataParallelTrainer(Trainer):
         lags = Counter(step - v for r in rollouts for v in r.versions)
         return StepStats(
             step=step, samples=len(rollouts), tokens=sum(len(r.tokens) for r in rollouts),
-            mean_reward=float(torch.tensor([r.reward for r in rollouts]).mean()), loss=loss,
+            mean_reward=float(rewards.mean()), loss=loss,
             clip_fraction=clip_fraction, dropped_fraction=dropped_fraction, mean_behav_weight=mean_behav_weight,
             grad_norm=max(norms), entropy=entropy, lags=tuple(sorted(lags.items())))
 

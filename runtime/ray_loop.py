@@ -53,8 +53,8 @@ from transformers import PreTrainedModel
 
 from runtime.controller import Controller, LoopConfig
 from runtime.engine import Completion, Interval, Request, TorchEngine
-from runtime.loop import RunResult, evaluate, resume_record, run_identity, summarize
-from runtime.model import CharTokenizer, build_model, load_model, save_model, tiny_llama_config
+from runtime.loop import RunResult, evaluate, summarize, toy_setup
+from runtime.model import CharTokenizer, load_model
 from runtime.parallel import DataParallelTrainer, init_dp_group
 from runtime.placement import TYPE_RESOURCE, Group, place
 from runtime.records import RunRecorder
@@ -156,25 +156,6 @@ class EngineWorker:
         return ray.get_runtime_context().get_node_id()
 
 
-def listening_store(host: str, world_size: int, timeout_s: float) -> Any:
-    """Rank 0's TCP store listening on `host` only, on a free port.
-
-    torch's TCPStore binds every interface whatever host it is given (pytorch issue 173909); a socket
-    bound here and handed over (`master_listen_fd`) keeps it on the node's Ray address (127.0.0.1
-    in tests and local runs)."""
-    import datetime
-    import socket
-
-    import torch.distributed as dist
-
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, 0), family=family)
-    port = sock.getsockname()[1]
-    # detach: the store owns the descriptor from now on, Python must never close it under it
-    return dist.TCPStore(host, port, world_size, is_master=True, wait_for_workers=False,
-                         timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=sock.detach())
-
-
 class TrainerWorker:
     """One trainer rank in its own process. Rank 0 is the sync group's rank 0 (it hosts its store and
     sends the weights) and writes the checkpoints; with dp > 1 every rank is a `DataParallelTrainer`
@@ -204,8 +185,7 @@ class TrainerWorker:
         import ray
 
         host = ray.util.get_node_ip_address()
-        # listening_store, not parallel.host_dp_store: the same store, bound to the node's address only
-        self._dp_store = listening_store(host, self.dp, timeout_s)
+        self._dp_store = SyncGroup.host_store(host, self.dp, timeout_s)
         return host, int(self._dp_store.port)
 
     def join_dp(self, host: str, port: int, timeout_s: float = SYNC_TIMEOUT_S) -> None:
@@ -217,13 +197,12 @@ class TrainerWorker:
 
     def describe(self) -> dict[str, Any]:
         """Where this rank runs and what it holds: the driver's proof that every rank trained in step."""
-        import ray
 
         digest = hashlib.sha256()
         for name, tensor in sorted(self.trainer.weights().items()):
             digest.update(name.encode())
             digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-        return {"rank": self.rank, "pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
+        return {"rank": self.rank, "pid": os.getpid(), "node": self.node_id(),
                 "version": self.trainer.version, "optimizer_steps": self.trainer.optimizer_steps(),
                 "steps_trained": self.steps_trained, "weights_sha256": digest.hexdigest()}
 
@@ -235,7 +214,7 @@ class TrainerWorker:
 
         self._sender = None  # the old group, if any, is dropped
         host = ray.util.get_node_ip_address()
-        self._store = listening_store(host, world_size, timeout_s)
+        self._store = SyncGroup.host_store(host, world_size, timeout_s)
         self._world = world_size
         return host, int(self._store.port)
 
@@ -264,10 +243,6 @@ class TrainerWorker:
     def load_checkpoint(self, path: str) -> int:
         self.trainer.load_checkpoint(path)
         return self.trainer.version
-
-    def progress(self) -> tuple[int, int]:
-        """(policy version, Adam updates so far)."""
-        return self.trainer.version, self.trainer.optimizer_steps()
 
     def node_id(self) -> str:
         import ray
@@ -427,7 +402,6 @@ class RayLoop:
         return self.control.history
 
     def _loop(self) -> None:
-
         control = self.control
         if control.version > 0:  # resumed: the engines start from the initial model, the trainer does not
             self._sync()
@@ -569,11 +543,7 @@ class RayLoop:
         world = len(self.engines) + 1
         bucket, timeout = self.sync.bucket_bytes, self.sync.timeout_s
         host, port = self._trainer_get(self.trainer.open_sync.remote(world, timeout))
-        # every rank must be inside the group's constructor at once: issue all joins, then wait
-        futures = [self.trainer.join_sync.remote(bucket, timeout),
-                   *(e.actor.join_sync.remote(host, port, r + 1, world, bucket, timeout)
-                     for r, e in enumerate(self.engines))]
-        results = _gather(futures)
+        results = _gather(join_sync_group(self.trainer, [e.actor for e in self.engines], host, port, bucket, timeout))
         self._trainer_result(results[0])
         ok = not isinstance(results[0], Exception)
         for engine, result in zip(list(self.engines), results[1:], strict=True):
@@ -741,26 +711,33 @@ def start_trainers(group: Group, model: PreTrainedModel | str, pad_id: int, trai
     return ranks
 
 
+def join_sync_group(trainer: Any, engines: Sequence[Any], host: str, port: int, bucket_bytes: int,
+                    timeout_s: float) -> list[Any]:
+    """The joins of trainer rank 0 and `engines` to the sync group whose store the trainer opened at
+    (host, port), as futures: every rank must be inside the group's constructor at once, so all the
+    joins are issued before any is waited on."""
+    world = len(engines) + 1
+    return [trainer.join_sync.remote(bucket_bytes, timeout_s),
+            *(a.join_sync.remote(host, port, r + 1, world, bucket_bytes, timeout_s) for r, a in enumerate(engines))]
+
+
 def start_fleet(groups: Sequence[Group], model: PreTrainedModel | str, tokenizer: CharTokenizer,
                 train: TrainConfig, seed: int, max_batch: int, interruptible: bool,
-                bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = SYNC_TIMEOUT_S
-                ) -> tuple[list[EngineHandle], list[Any]]:
+                bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = SYNC_TIMEOUT_S,
+                spawn: Callable[[int, int], Any] | None = None) -> tuple[list[EngineHandle], list[Any]]:
     """Engines and every trainer rank on their placement groups; the engines and trainer rank 0 (alone:
-    the other ranks hold the same weights) joined in one sync group. (engine handles, trainer ranks)."""
+    the other ranks hold the same weights) joined in one sync group. (engine handles, trainer ranks).
+    `spawn`: the engine_spawner of these arguments, where the caller keeps one to replace engines."""
     import ray
 
-    spawn = engine_spawner(groups, model, tokenizer, seed, max_batch, interruptible)
+    spawn = spawn or engine_spawner(groups, model, tokenizer, seed, max_batch, interruptible)
     engines = sum(g.actors for g in groups if g.role == "rollout")
     actors = [spawn(k) for k in range(engines)]
     ranks = start_trainers(next(g for g in groups if g.role == "train"), model, tokenizer.pad_id, train, seed,
                            timeout_s)
     trainer = ranks[0]
-    world = len(actors) + 1
-    host, port = ray.get(trainer.open_sync.remote(world, timeout_s))
-    # every rank must be inside the group's constructor at once: issue all joins, then wait
-    ray.get([trainer.join_sync.remote(bucket_bytes, timeout_s),
-             *(a.join_sync.remote(host, port, r + 1, world, bucket_bytes, timeout_s)
-               for r, a in enumerate(actors))])
+    host, port = ray.get(trainer.open_sync.remote(len(actors) + 1, timeout_s))
+    ray.get(join_sync_group(trainer, actors, host, port, bucket_bytes, timeout_s))
     statuses = ray.get([a.status.remote() for a in actors])
     handles = [EngineHandle(f"engine{k}", a, st, k) for k, (a, st) in enumerate(zip(actors, statuses, strict=True))]
     return handles, ranks
@@ -798,23 +775,19 @@ def run_toy_ray(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0,
     import ray
 
     check_dp(dp, prompts_per_step)
-    out = Path(out_dir) if out_dir is not None else None
-    task, tokenizer = task or AdditionTask(max_operand=4), CharTokenizer()
-    ident = run_identity(task, engines, staleness, seed, prompts_per_step, group_size, hidden, layers, identity)
-    record = resume_record(out, resume, ident, steps)
-    train = train or TrainConfig(entropy_coef=0.01, decay_steps=steps)  # a resumed trainer takes the checkpoint's
-    model = build_model(tiny_llama_config(tokenizer, hidden=hidden, layers=layers, intermediate=4 * hidden), seed=seed)
-    if out is not None and record is None:
-        save_model(model, tokenizer, out / "initial_model")
-    before = evaluate(model, task, tokenizer)
+    toy = toy_setup(steps, engines, staleness, seed, out_dir, prompts_per_step, group_size, train, task, hidden,
+                    layers, resume, identity)
+    out, task, tokenizer, ident, record, train, model, before = (
+        toy.out, toy.task, toy.tokenizer, toy.identity, toy.record, toy.train, toy.model, toy.before)
     plan = toy_plan(engines, staleness, dp=dp)
     init_ray(plan, address)
     groups = place(plan, gpus=False)
     loop: RayLoop | None = None
     actors: list[Any] = []
+    spawn = engine_spawner(groups, model, tokenizer, seed, max_batch, interruptible)
     try:
         handles, ranks = start_fleet(groups, model, tokenizer, train, seed, max_batch, interruptible,
-                                     timeout_s=sync_timeout_s)
+                                     timeout_s=sync_timeout_s, spawn=spawn)
         trainer = ranks[0]
         actors = [h.actor for h in handles] + ranks
         control = Controller(task, tokenizer, LoopConfig(steps, prompts_per_step, group_size, staleness,
@@ -825,15 +798,14 @@ def run_toy_ray(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0,
             # rank 0 wrote one file; every rank loads it, so the replicas continue equal
             ray.get([rank.load_checkpoint.remote(str(out / record["trainer"])) for rank in ranks])
             control.restore(record["controller"], RunRecorder.resume(out, record["records"]))
-        loop = RayLoop(control, handles, trainer, out,
-                       spawn=engine_spawner(groups, model, tokenizer, seed, max_batch, interruptible),
+        loop = RayLoop(control, handles, trainer, out, spawn=spawn,
                        faults=faults or Faults(), sync=SyncSettings(timeout_s=sync_timeout_s), peers=ranks[1:])
         t0 = time.time()
         loop.run()
         seconds = time.time() - t0
         model.load_state_dict(ray.get(trainer.weights.remote()))
-        version, optimizer_steps = ray.get(trainer.progress.remote())
         described = tuple(ray.get([rank.describe.remote() for rank in ranks]))
+        version, optimizer_steps = described[0]["version"], described[0]["optimizer_steps"]
     finally:
         for actor in (loop.actors() if loop is not None else []) + actors:
             ray.kill(actor)

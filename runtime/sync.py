@@ -22,6 +22,7 @@ Bytes, not values: what arrives is bitwise what the trainer holds, whatever the 
 from __future__ import annotations
 
 import datetime
+import socket
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -101,9 +102,17 @@ class SyncGroup:
 
     @staticmethod
     def host_store(host: str = "127.0.0.1", world_size: int = 1, timeout_s: float = 300.0) -> dist.TCPStore:
-        """Rank 0's store on a free port (port 0: the OS picks; read it back from `.port`)."""
-        return dist.TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False,
-                             timeout=datetime.timedelta(seconds=timeout_s))
+        """Rank 0's store on a free port of `host` (read it back from `.port`), listening there only.
+
+        torch's TCPStore binds every interface whatever host it is given (pytorch issue 173909); a
+        socket bound here and handed over (`master_listen_fd`) keeps it on `host` (the node's Ray
+        address; 127.0.0.1 in tests and local runs)."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.create_server((host, 0), family=family)
+        port = sock.getsockname()[1]
+        # detach: the store owns the descriptor from now on, Python must never close it under it
+        return dist.TCPStore(host, port, world_size, is_master=True, wait_for_workers=False,
+                             timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=sock.detach())
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> dist.Work:
         """Asynchronous broadcast of `tensor` from rank `src`; call `.wait()` on the result."""

@@ -1,4 +1,4 @@
-"""Shared fixtures: the CLI run in-process, temporary files."""
+"""Shared fixtures: the CLI run in-process, a loopback Ray cluster, temporary files."""
 
 from __future__ import annotations
 
@@ -25,6 +25,18 @@ class CliResult:
 
     def json(self) -> dict:  # type: ignore[type-arg]
         return json.loads(self.out)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    """A local Ray on loopback for the toy plan (2 engines, staleness 2), one per test module."""
+    ray = pytest.importorskip("ray", reason="ray is part of the runtime extra that make test installs")
+    from runtime.ray_loop import init_ray, toy_plan
+
+    init_ray(toy_plan(engines=2, staleness=2))
+    assert all(n["NodeManagerAddress"] == "127.0.0.1" for n in ray.nodes())  # loopback only
+    yield
+    ray.shutdown()
 
 
 @pytest.fixture

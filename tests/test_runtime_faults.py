@@ -19,7 +19,7 @@ from __future__ import annotations
 import csv
 import json
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,6 @@ def test_trainer_checkpoint_restores_optimizer_schedule_and_rng(tmp_path: Path) 
             assert torch.equal(state[index][key], moments[key]), (index, key)
     assert torch.equal(torch.get_rng_state(), saved["torch_rng"])
 
-    torch.set_rng_state(saved["torch_rng"])
     a = original.train_step(batch)
     b = resumed.train_step(batch)
     assert a == b  # the same step: loss, norms, entropy bit for bit
@@ -132,24 +131,13 @@ def _listeners(port: int) -> set[str]:
 def test_the_weight_sync_store_listens_on_the_given_address_only() -> None:
     """torch's TCPStore alone would listen on every interface; the trainer's store stays on its node's
     Ray address, loopback in tests and local runs."""
-    from runtime.ray_loop import listening_store
+    from runtime.sync import SyncGroup
 
-    store = listening_store("127.0.0.1", 1, 5.0)
+    store = SyncGroup.host_store("127.0.0.1", 1, 5.0)
     assert _listeners(int(store.port)) == {"0100007F"}  # 127.0.0.1, not 00000000 (0.0.0.0) nor ::
 
 
 # -- on Ray -----------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
-    ray = pytest.importorskip("ray", reason="ray is part of the runtime extra that make test installs")
-    from runtime.ray_loop import init_ray, toy_plan
-
-    init_ray(toy_plan(engines=2, staleness=ETA))
-    assert all(n["NodeManagerAddress"] == "127.0.0.1" for n in ray.nodes())  # loopback only
-    yield
-    ray.shutdown()
-
-
 def _ledger(out: Path) -> tuple[list[int], set[int], set[int], int]:
     """Over the whole run, from its files: groups trained (each step's metrics row), and from the last
     commit record the completed groups not yet trained, the groups in flight and how many were admitted."""

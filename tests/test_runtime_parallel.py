@@ -78,11 +78,7 @@ def _rank(rank: int, port: int, out: str) -> None:
     result: dict[str, Any] = {}
     for name, (config, dtype, wrap, batches) in SCENARIOS.items():
         trainer = DataParallelTrainer(_model(dtype), TOK.pad_id, config, seed=SEED, wrap=wrap)
-        steps = []
-        for batch in batches:
-            stats = trainer.train_step(batch)
-            steps.append((stats, {k: v.clone() for k, v in trainer.weights().items()}))  # fsdp: all ranks gather
-        result[name] = {"steps": steps}
+        result[name] = {"steps": _run_steps(trainer, batches)}  # fsdp: all ranks gather the weights
         if wrap == "ddp":
             result[name]["optimizer"] = trainer.optimizer.state_dict()
         else:  # elements this rank holds, against the model's: sharded, not replicated
@@ -117,11 +113,24 @@ def _reference(name: str) -> tuple[Trainer, list[tuple[StepStats, dict[str, torc
     """The dp=1 `Trainer` on the same batches, with the same model and seed."""
     config, dtype, _, batches = SCENARIOS[name]
     trainer = Trainer(_model(dtype), TOK.pad_id, config, seed=SEED)
+    return trainer, _run_steps(trainer, batches)
+
+
+def _run_steps(trainer: Trainer | DataParallelTrainer, batches: list[Any]
+               ) -> list[tuple[StepStats, dict[str, torch.Tensor]]]:
+    """Each step's stats and the weights after it."""
     steps = []
     for batch in batches:
         stats = trainer.train_step(batch)
         steps.append((stats, {k: v.clone() for k, v in trainer.weights().items()}))
-    return trainer, steps
+    return steps
+
+
+def _assert_steps_equal(got: list[tuple[StepStats, dict[str, torch.Tensor]]],
+                        want: list[tuple[StepStats, dict[str, torch.Tensor]]]) -> None:
+    for (stats, weights), (want_stats, want_weights) in zip(got, want, strict=True):
+        _assert_weights_equal(weights, want_weights)
+        _assert_stats_equal(stats, want_stats)
 
 
 def _assert_weights_equal(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], atol: float = 1e-7) -> None:
@@ -163,9 +172,7 @@ def test_dp2_step_equals_dp1_step(ranks: list[dict[str, Any]]) -> None:
 def test_dp2_stays_equal_over_steps_optimizer_state_too(ranks: list[dict[str, Any]]) -> None:
     trainer, want = _reference("multi_step")
     for rank in ranks:
-        for (stats, weights), (want_stats, want_weights) in zip(rank["multi_step"]["steps"], want, strict=True):
-            _assert_weights_equal(weights, want_weights)
-            _assert_stats_equal(stats, want_stats)
+        _assert_steps_equal(rank["multi_step"]["steps"], want)
         got_opt, want_opt = rank["multi_step"]["optimizer"], trainer.optimizer.state_dict()
         assert got_opt["param_groups"] == want_opt["param_groups"]  # lr schedule and step count
         for i, state in want_opt["state"].items():
@@ -176,17 +183,13 @@ def test_dp2_stays_equal_over_steps_optimizer_state_too(ranks: list[dict[str, An
 def test_minibatches_where_a_rank_holds_no_rows(ranks: list[dict[str, Any]]) -> None:
     _, want = _reference("one_row")
     for rank in ranks:
-        for (stats, weights), (want_stats, want_weights) in zip(rank["one_row"]["steps"], want, strict=True):
-            _assert_weights_equal(weights, want_weights)
-            _assert_stats_equal(stats, want_stats)
+        _assert_steps_equal(rank["one_row"]["steps"], want)
 
 
 def test_fsdp_steps_equal_dp1_steps(ranks: list[dict[str, Any]]) -> None:
     _, want = _reference("fsdp")
     for rank in ranks:
-        for (stats, weights), (want_stats, want_weights) in zip(rank["fsdp"]["steps"], want, strict=True):
-            _assert_weights_equal(weights, want_weights)
-            _assert_stats_equal(stats, want_stats)
+        _assert_steps_equal(rank["fsdp"]["steps"], want)
         assert "torch.distributed.checkpoint" in rank["fsdp"]["checkpoint"]
         assert rank["fsdp"]["held"] <= sum(p.numel() for p in _model().parameters()) // DP + 1000
 

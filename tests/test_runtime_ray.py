@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +24,6 @@ from runtime.sync import SyncGroup, WeightReceiver, WeightSender, as_bytes  # no
 
 STEPS = 150
 ETA = 2
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
-    from runtime.ray_loop import init_ray, toy_plan
-
-    init_ray(toy_plan(engines=2, staleness=ETA))
-    assert all(n["NodeManagerAddress"] == "127.0.0.1" for n in ray.nodes())  # loopback only
-    yield
-    ray.shutdown()
 
 
 @ray.remote(num_cpus=0)

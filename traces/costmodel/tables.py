@@ -90,6 +90,14 @@ class ProfileTable:
         out["model"] = out["model"].astype(str).str.lower()
         return cls(out.reset_index(drop=True))
 
+    def overlay(self, given: ProfileTable) -> ProfileTable:
+        """These rows with `given` on top: its rows replace these for every (GPU type, model) it
+        measures, rather than being averaged with them (it is the user's own hardware)."""
+        measured = set(zip(given.frame["gpu_type"], given.frame["model"], strict=True))
+        keep = [(g, m) not in measured for g, m in zip(self.frame["gpu_type"], self.frame["model"], strict=True)]
+        frames = [f for f in (self.frame[keep], given.frame) if len(f)]
+        return ProfileTable.from_frame(pd.concat(frames, ignore_index=True)) if frames else ProfileTable.empty()
+
     def __len__(self) -> int:
         return len(self.frame)
 
