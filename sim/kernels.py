@@ -16,6 +16,7 @@ seconds once per install).
   completions    take_due, live_entries          (sim.pending.Pending)
   one engine     first_jump                      (sim.planning.plan_first_jump)
   routing        route_few                       (sim.controller.Controller.dispatch)
+  staleness      tally_lags                      (sim.samples.Samples.staleness_tokens)
 """
 
 from __future__ import annotations
@@ -491,3 +492,16 @@ def route_few(n: int, accepting: np.ndarray, loads: np.ndarray, caps: np.ndarray
         loads[e] += 1
         key[e] = keys[row[e], loads[e] + 1] if loads[e] < caps[e] and loads[e] + 1 < width else np.inf
     return out, True
+
+
+@njit(cache=True)
+def tally_lags(totals: np.ndarray, trained_step: np.ndarray, sids: np.ndarray, versions: np.ndarray,
+               tokens: np.ndarray) -> None:
+    """sim.samples.Samples.staleness_tokens for one credit: add tokens[i] to totals[lag] for each
+    trained sample sids[i], lag = its training step - the version that generated them (versions[i],
+    or versions[0] for all)."""
+    shared = len(versions) == 1
+    for i in range(len(sids)):
+        step = trained_step[sids[i]]
+        if step >= 0 and tokens[i] > 0:
+            totals[step - (versions[0] if shared else versions[i])] += tokens[i]

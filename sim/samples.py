@@ -11,6 +11,8 @@ from collections import Counter
 
 import numpy as np
 
+from sim.kernels import tally_lags
+
 
 class Samples:
     def __init__(self, prompts: np.ndarray, responses: np.ndarray) -> None:
@@ -40,13 +42,7 @@ class Samples:
         """Trained tokens by version lag (training step - generating version)."""
         if not self._credit_sids:
             return Counter()
-        sids = np.concatenate(self._credit_sids)
-        tokens = np.concatenate(self._credit_tokens)
-        versions = np.concatenate([np.full(len(c), v) if isinstance(v, int) else v
-                                   for c, v in zip(self._credit_sids, self._credit_versions, strict=True)])
-        step = self.trained_step[sids]
-        trained = (step >= 0) & (tokens > 0)
-        # untrained credits add 0 tokens to lag 0 (a no-op on any sum): cheaper than compressing
-        lag = np.where(trained, step - versions, 0)
-        totals = np.bincount(lag, weights=np.where(trained, tokens, 0))
+        totals = np.zeros(int(self.trained_step.max()) + 1, np.int64)  # lags run from 0 to the last step
+        for sids, version, tokens in zip(self._credit_sids, self._credit_versions, self._credit_tokens, strict=True):
+            tally_lags(totals, self.trained_step, sids, np.atleast_1d(np.asarray(version, np.int64)), tokens)
         return Counter({int(k): int(v) for k, v in enumerate(totals) if v > 0})
