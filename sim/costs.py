@@ -8,8 +8,9 @@ iterations (S grows by B per iteration) are then closed-form arithmetic series p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -19,7 +20,7 @@ from traces import CostModel, GpuType, ModelSpec
 GRID_POINTS = 64
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by identity: engines of one kind share one table
 class DecodeTable:
     ds: float  # grid spacing in tokens of total context
     rows: tuple[tuple[float, ...], ...]  # rows[b][g] = seconds of one iteration, b running, S = g*ds
@@ -61,8 +62,44 @@ class DecodeTable:
                    ) -> tuple[np.ndarray, np.ndarray]:
         """Jumps in progress `elapsed` seconds after they started, stopped after their current
         iteration (one that started at `elapsed` runs one iteration): (iterations run, seconds left)."""
-        return stop_after(self.base_arr, self.slope_arr, self.ds, np.asarray(b, np.int64),
+        return stack_of([self])[0].stop_after(np.zeros(len(k), np.int64), b, s0, k, elapsed)
+
+
+@dataclass(frozen=True, eq=False)
+class DecodeStack:
+    """Decode tables of several kinds of engine as one set of arrays, for compiled passes over a
+    mixed fleet: table t is base[t], slope[t] (rows padded to the largest batch) and ds[t]."""
+
+    base: np.ndarray
+    slope: np.ndarray
+    ds: np.ndarray
+
+    def stop_after(self, table: np.ndarray, b: np.ndarray, s0: np.ndarray, k: np.ndarray, elapsed: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """DecodeTable.stop_after for jumps of several kinds (jump i on table[i])."""
+        return stop_after(self.base, self.slope, self.ds, np.asarray(table, np.int64), np.asarray(b, np.int64),
                           np.asarray(s0, np.float64), np.asarray(k, np.int64), np.asarray(elapsed, np.float64))
+
+
+def stack_of(tables: Sequence[DecodeTable]) -> tuple[DecodeStack, np.ndarray]:
+    """The distinct tables among `tables`, stacked, and the index of each one in the stack."""
+    distinct = tuple({id(t): t for t in tables}.values())
+    where = {id(t): i for i, t in enumerate(distinct)}
+    return _stack(distinct), np.array([where[id(t)] for t in tables], np.int64)
+
+
+@lru_cache(maxsize=32)  # keyed by identity (DecodeTable compares so): a fleet's few kinds, stacked once
+def _stack(tables: tuple[DecodeTable, ...]) -> DecodeStack:
+    if len(tables) == 1:
+        t = tables[0]
+        return DecodeStack(t.base_arr[None], t.slope_arr[None], np.array([t.ds]))
+    rows = max(t.base_arr.shape[0] for t in tables)
+    cells = tables[0].base_arr.shape[1]  # the last cell extends to infinity: every table has as many
+    assert all(t.base_arr.shape[1] == cells for t in tables), "decode tables on different grids"
+    base, slope = np.zeros((len(tables), rows, cells)), np.zeros((len(tables), rows, cells))
+    for i, t in enumerate(tables):  # rows past a table's largest batch are never read
+        base[i, :len(t.base_arr)], slope[i, :len(t.slope_arr)] = t.base_arr, t.slope_arr
+    return DecodeStack(base, slope, np.array([t.ds for t in tables]))
 
 
 @dataclass(frozen=True)

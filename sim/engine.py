@@ -27,10 +27,10 @@ import simpy
 from sim.bulk import Loading, Parked
 from sim.clock import timeout_at
 from sim.controller import Controller
-from sim.costs import DecodeTable, PrefillCurve
+from sim.costs import DecodeTable, PrefillCurve, stack_of
 from sim.kernels import admissible, admit_rows, jumps_ended, planned_completions, split_stopped, stop_rows
 from sim.pending import Chunk
-from sim.planning import Batch, Cut, Plan, Request, cut_jumps, cut_many, plan_first_jump, plan_flat, plan_many
+from sim.planning import Batch, Cut, Plan, Request, cut_many, plan_first_jump, plan_flat, plan_many
 from sim.recorder import Recorder
 from sim.samples import Samples
 
@@ -318,9 +318,8 @@ class Fleet:
         prefill_end = np.where(has_new, after + secs[n:], np.nan)
         t0 = np.where(has_new, prefill_end, after)
         context1 = context + tokens
-        tables = self._tables(idx)
         flat = plan_flat(all_owner, all_sid, all_fin, all_joined, progress, context1, t0, self._kv[idx], rest > 0,
-                         tables, self.exit_tokens)
+                         self._stack, self._table_of[idx], self.exit_tokens)
         is_new = is_new[flat.order]
         # completions: each engine's first rows, at the ends of their jumps (plus the reward)
         n_done, done_sid, done_owner, done_rank, times = planned_completions(
@@ -342,12 +341,6 @@ class Fleet:
             return self._one_prefill.many(tokens)
         curves = [self.engines[i].prefill for i in idx]
         return np.array([c(t) for c, t in zip(curves, tokens.tolist(), strict=True)])
-
-    def _tables(self, idx: np.ndarray) -> list[DecodeTable]:
-        """The decode tables of engines idx, for plan_flat and cut_jumps (one for all, if one is)."""
-        if self._one_decode is not None:
-            return [self._one_decode]
-        return [self.engines[i].decode for i in idx]
 
     def _ended(self, p: Parked, i: int) -> None:
         if p.alive[i]:
@@ -441,7 +434,7 @@ class Fleet:
         at = flat.jumps[cutting] + j[cutting]  # the jump in progress
         start = np.where(j[cutting] > 0, _before(flat.ends, at), p.t0[cutting])
         b, s0, k = flat.b[at], flat.s[at], flat.k[at]
-        d, rest = cut_jumps(b, s0, k, now - start, self._tables(p.engines[cutting]))
+        d, rest = self._stack.stop_after(self._table_of[p.engines[cutting]], b, s0, k, now - start)
         stop_at = np.where(rest > 0, now + rest, now)  # as `if rest > 0: yield timeout(rest)` leaves the clock
         finishing = np.where(d == k, flat.done[at], 0)
         ok[cutting] &= ready_at > stop_at  # one still decoding when the weights are in loads on its own
@@ -616,8 +609,9 @@ class Fleet:
         self._room = self._kv * (1 - KV_WATERMARK)
         self._reward = np.array([e.reward_seconds for e in es], np.float64)
         self._interruptible = np.array([e.interruptible for e in es], bool)
-        # one decode table and prefill curve for every engine (one kind of engine): no list per call
-        self._one_decode = es[0].decode if es and all(e.decode is es[0].decode for e in es) else None
+        # the engines' decode tables as one stack (sim.costs.DecodeStack), and each engine's in it
+        self._stack, self._table_of = stack_of([e.decode for e in es])
+        # one prefill curve for every engine (one kind of engine): no list per call
         self._one_prefill = es[0].prefill if es and all(e.prefill is es[0].prefill for e in es) else None
 
 

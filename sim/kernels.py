@@ -8,9 +8,9 @@ no fused multiply-adds), so results are the same bits (bench/sim_compare.py chec
 against an older tree). Kernels compile on first use and are cached beside this file (about ten
 seconds once per install).
 
-  decode sums    jump_total(s), stop_after       (sim.costs.DecodeTable)
+  decode sums    jump_total(s), stop_after       (sim.costs.DecodeTable, DecodeStack)
   prefill        prefill_one, prefill_many       (sim.costs.PrefillCurve)
-  planning       plan_jumps, plan_clock          (sim.planning.plan_flat)
+  planning       engine_keys, plan_sorted        (sim.planning.plan_flat)
   fleet passes   admissible, admit_rows, planned_completions, jumps_ended, stop_rows,
                  split_stopped                   (sim.engine.Fleet)
   completions    take_due, live_entries          (sim.pending.Pending)
@@ -62,33 +62,80 @@ def jump_totals(base: np.ndarray, slope: np.ndarray, ds: float, b: np.ndarray, s
 
 
 @njit(cache=True)
-def plan_jumps(eng: np.ndarray, fin: np.ndarray, freed_row: np.ndarray, sizes: np.ndarray, progress: np.ndarray,
-               context: np.ndarray, kv: np.ndarray, stop: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The jumps of sim.planning.plan_flat, from samples sorted by (engine, finish, sid): one per
-    distinct finishing point of an engine, b running for k iterations from total context s, kept
-    while the KV cache holds (and only the first when the engine stops at its first completion; a
-    first jump that overflows runs alone up to the overflow). Returns, per kept jump, its engine,
-    b, s, k, completions and freed KV tokens, and per engine its number of kept jumps."""
-    n_rows, n_eng = len(fin), len(sizes)
-    je = np.empty(n_rows, np.int64)
-    b = np.empty(n_rows, np.int64)
-    s = np.empty(n_rows, np.float64)
-    k = np.empty(n_rows, np.int64)
-    done = np.empty(n_rows, np.int64)
-    freed = np.empty(n_rows, np.int64)
-    m = np.zeros(n_eng, np.int64)
+def _bit_length(x: int) -> int:
+    n = 0
+    while x > 0:
+        x >>= 1
+        n += 1
+    return n
+
+
+@njit(cache=True)
+def engine_keys(eng: np.ndarray, fin: np.ndarray, sid: np.ndarray, progress: np.ndarray) -> tuple[np.ndarray, int]:
+    """Sort keys for sim.planning.plan_flat's order by (engine, finish, sid): per row the three
+    packed in one integer (finish relative to its engine's progress), with the row's index in the
+    low `bits` bits. Keys are distinct (sample ids are), so any sort of them gives that order and
+    carries the permutation. bits = -1: they do not fit in 63 bits (the caller lexsorts)."""
+    n = len(eng)
+    sid_max = rel_max = eng_max = 0
+    negative = False
+    for r in range(n):
+        rel = fin[r] - progress[eng[r]]  # >= 0: a running sample finishes at or after its engine's progress
+        negative |= rel < 0 or sid[r] < 0
+        sid_max, rel_max, eng_max = max(sid_max, sid[r]), max(rel_max, rel), max(eng_max, eng[r])
+    sid_bits, rel_bits = _bit_length(sid_max), _bit_length(rel_max)
+    idx_bits = _bit_length(n - 1)
+    keys = np.empty(n, np.int64)
+    if negative or sid_bits + rel_bits + _bit_length(eng_max) + idx_bits > 62:
+        return keys, -1
+    for r in range(n):
+        rel = fin[r] - progress[eng[r]]
+        keys[r] = (((eng[r] << rel_bits | rel) << sid_bits | sid[r]) << idx_bits) | r
+    return keys, idx_bits
+
+
+@njit(cache=True)
+def plan_sorted(order: np.ndarray, eng: np.ndarray, sid: np.ndarray, fin: np.ndarray, joined: np.ndarray,
+                exit_tokens: np.ndarray, progress: np.ndarray, context: np.ndarray, kv: np.ndarray, stop: np.ndarray,
+                t0: np.ndarray, base: np.ndarray, slope: np.ndarray, ds: np.ndarray, table: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                           np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                           np.ndarray, np.ndarray]:
+    """sim.planning.plan_flat once its rows' order by (engine, finish, sid) is known: the rows in
+    that order, and each engine's jumps, one per distinct finishing point, b running for k
+    iterations from total context s, kept while the KV cache holds (only the first when the engine
+    stops at its first completion; a first jump that overflows runs alone up to the overflow).
+    Each jump's seconds are `jump_total` on its engine's table (base[t], slope[t], ds[t] with
+    t = table[engine]), and its clock a sequential sum from the engine's t0, as chained timeouts
+    would give. Returns the fields of sim.planning.FlatPlans, in its order, but `order`."""
+    n_rows, n_eng = len(order), len(progress)
+    rows = np.zeros(n_eng + 1, np.int64)
+    for r in range(n_rows):
+        rows[eng[r] + 1] += 1
+    for e in range(n_eng):
+        rows[e + 1] += rows[e]
+    o_sid, o_fin, o_joined = np.empty(n_rows, np.int64), np.empty(n_rows, np.int64), np.empty(n_rows, np.int64)
+    for r in range(n_rows):
+        q = order[r]
+        o_sid[r], o_fin[r], o_joined[r] = sid[q], fin[q], joined[q]
+    jumps = np.zeros(n_eng + 1, np.int64)
+    je, b, k, done = np.empty(n_rows, np.int64), np.empty(n_rows, np.int64), np.empty(n_rows, np.int64), np.empty(
+        n_rows, np.int64)
+    s, ends, starts, after = np.empty(n_rows), np.empty(n_rows), np.empty(n_rows), np.empty(n_rows)
+    cum, k_through = np.empty(n_rows, np.int64), np.empty(n_rows, np.int64)
+    offsets = np.empty(n_eng, np.int64)
     n = 0  # kept jumps so far
-    r = 0
-    while r < n_rows:
-        e = eng[r]
-        end = r + sizes[e]  # this engine's rows
-        left, grown, prev, rank, overflowed = sizes[e], 0, progress[e], 0, False
+    completed = 0  # samples completed by them
+    for e in range(n_eng):
+        offsets[e] = completed
+        r, end = rows[e], rows[e + 1]
+        left, grown, prev, rank, overflowed = end - r, 0, progress[e], 0, False
+        iterations = 0
         while r < end and not overflowed and not (stop[e] and rank == 1):
-            f = fin[r]
+            f = o_fin[r]
             q, fr = r, 0
-            while q < end and fin[q] == f:
-                fr += freed_row[q]
+            while q < end and o_fin[q] == f:
+                fr += exit_tokens[o_sid[q]]
                 q += 1
             kk = f - prev
             ss = context[e] + float(grown)  # integers below 2^53: exact
@@ -100,35 +147,29 @@ def plan_jumps(eng: np.ndarray, fin: np.ndarray, freed_row: np.ndarray, sizes: n
                 if k0 != kk:
                     q, fr = r, 0  # it stops before its completions
                 kk, overflowed = k0, True
-            je[n], b[n], s[n], k[n], done[n], freed[n] = e, left, ss, kk, q - r, fr
+            je[n], b[n], s[n], k[n], done[n] = e, left, ss, kk, q - r
+            after[n] = ss + (left * kk - fr)
+            iterations += kk
+            k_through[n] = iterations
+            completed += q - r
+            cum[n] = completed
             n += 1
             grown += left * kk - fr
             left -= q - r
             prev, rank, r = f, rank + 1, q
-        m[e] = rank
-        r = end
-    return je[:n], b[:n], s[:n], k[:n], done[:n], freed[:n], m
-
-
-@njit(cache=True)
-def plan_clock(m: np.ndarray, t0: np.ndarray, durations: np.ndarray, k: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each jump's start and end (every engine's clock a sequential sum from its t0, as chained
-    timeouts would give) and its engine's iterations through its end."""
-    n = len(k)
-    starts, ends = np.empty(n), np.empty(n)
-    k_through = np.empty(n, np.int64)
-    j = 0
-    for e in range(len(m)):
-        clock, iterations = t0[e], 0
-        for _ in range(m[e]):
+        jumps[e + 1] = n
+    # the clocks in a pass of their own (the loop above is long enough as it is: compiled into it,
+    # the sums ran half as fast)
+    for e in range(n_eng):
+        t = table[e]
+        base_t, slope_t, ds_t = base[t], slope[t], ds[t]
+        clock = t0[e]
+        for j in range(jumps[e], jumps[e + 1]):
             starts[j] = clock
-            clock = clock + durations[j]
+            clock = clock + jump_total(base_t, slope_t, ds_t, b[j], s[j], k[j])
             ends[j] = clock
-            iterations += k[j]
-            k_through[j] = iterations
-            j += 1
-    return starts, ends, k_through
+    return (rows, o_sid, o_fin, o_joined, jumps, je[:n], b[:n], s[:n], k[:n], ends[:n], starts[:n], done[:n],
+            after[:n], cum[:n], offsets, k_through[:n])
 
 
 @njit(cache=True)
@@ -193,21 +234,23 @@ def _iterations_within(base: np.ndarray, slope: np.ndarray, ds: float, b: int, s
 
 
 @njit(cache=True)
-def stop_after(base: np.ndarray, slope: np.ndarray, ds: float, b: np.ndarray, s0: np.ndarray, k: np.ndarray,
-               elapsed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def stop_after(base: np.ndarray, slope: np.ndarray, ds: np.ndarray, table: np.ndarray, b: np.ndarray, s0: np.ndarray,
+               k: np.ndarray, elapsed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """sim.costs.DecodeTable.stop_after: jumps in progress `elapsed` seconds after they started,
     stopped after their current iteration (one that started at `elapsed` runs one iteration):
-    (iterations run, seconds left until then)."""
+    (iterations run, seconds left until then). Jump i's table is t = table[i] of a stack (base[t],
+    slope[t], ds[t]; sim.costs.DecodeStack)."""
     n = len(k)
     done, rest = np.empty(n, np.int64), np.empty(n)
     for i in range(n):
-        within = _iterations_within(base, slope, ds, b[i], s0[i], k[i], elapsed[i])
+        t = table[i]
+        within = _iterations_within(base[t], slope[t], ds[t], b[i], s0[i], k[i], elapsed[i])
         d = within
-        if within == 0 or jump_total(base, slope, ds, b[i], s0[i], within) < elapsed[i] - 1e-12:
+        if within == 0 or jump_total(base[t], slope[t], ds[t], b[i], s0[i], within) < elapsed[i] - 1e-12:
             d = within + 1  # the iteration in progress runs to its end
         d = min(k[i], d)
         done[i] = d
-        rest[i] = jump_total(base, slope, ds, b[i], s0[i], d) - elapsed[i]
+        rest[i] = jump_total(base[t], slope[t], ds[t], b[i], s0[i], d) - elapsed[i]
     return done, rest
 
 

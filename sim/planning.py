@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.costs import DecodeTable
-from sim.kernels import first_jump, plan_clock, plan_jumps
+from sim.costs import DecodeStack, DecodeTable, stack_of
+from sim.kernels import engine_keys, first_jump, plan_sorted
 from sim.pending import Chunk
 
 
@@ -113,57 +113,41 @@ def plan_many(requests: list[Request], exit_tokens: np.ndarray) -> list[Plan]:
     parts = [r.batch for r in requests] + [r.new for r in requests if r.new is not None]
     owner = list(range(len(requests))) + [e for e, r in enumerate(requests) if r.new is not None]
     eng = np.repeat(owner, [len(p) for p in parts])
+    stack, table = stack_of([r.decode for r in requests])
     flat = plan_flat(eng, np.concatenate([p.sid for p in parts]), np.concatenate([p.finish for p in parts]),
                      np.concatenate([p.joined for p in parts]), np.array([r.progress for r in requests]),
                      np.array([r.context for r in requests], np.float64), np.array([r.t0 for r in requests]),
                      np.array([r.kv_tokens for r in requests], np.float64),
-                     np.array([r.stop_at_completion for r in requests]), [r.decode for r in requests], exit_tokens)
+                     np.array([r.stop_at_completion for r in requests]), stack, table, exit_tokens)
     return [flat.plan(e, r.t0) for e, r in enumerate(requests)]
 
 
 def _by_engine(eng: np.ndarray, fin: np.ndarray, sid: np.ndarray, progress: np.ndarray) -> np.ndarray:
-    """The order of samples by (engine, finish, sid): one integer key when the three fit in 63 bits
-    (an argsort of ints is many times faster than a lexsort), else a lexsort."""
-    if not len(eng):
-        return np.empty(0, np.int64)
-    rel = fin - progress[eng]  # >= 0: a running sample finishes at or after its engine's progress
-    sid_bits, rel_bits = int(sid.max()).bit_length(), int(rel.max()).bit_length()
-    if rel.min() >= 0 and sid.min() >= 0 and sid_bits + rel_bits + int(eng.max()).bit_length() <= 62:
-        key = (eng.astype(np.int64) << (sid_bits + rel_bits)) | (rel << sid_bits) | sid
-        # keys are distinct (sample ids are): any sort gives this order. With room for the row
-        # index below them, a sort of the keys (numpy's SIMD sort, a few times faster than
-        # argsort) carries the permutation in its low bits
-        idx_bits = (len(key) - 1).bit_length()
-        if sid_bits + rel_bits + int(eng.max()).bit_length() + idx_bits <= 62:
-            return np.sort((key << idx_bits) | np.arange(len(key))) & ((1 << idx_bits) - 1)
-        return np.argsort(key)
-    return np.lexsort((sid, fin, eng))
+    """The order of samples by (engine, finish, sid): a sort of packed integer keys (numpy's SIMD
+    sort, many times faster than a lexsort) that carry the permutation in their low bits; a
+    lexsort when the keys would not fit in 63 bits."""
+    keys, idx_bits = engine_keys(eng, fin, sid, progress)
+    if idx_bits < 0:
+        return np.lexsort((sid, fin, eng))
+    keys.sort()
+    return keys & ((1 << idx_bits) - 1)
 
 
 def plan_flat(eng: np.ndarray, sid: np.ndarray, fin: np.ndarray, joined: np.ndarray, progress: np.ndarray,
-              context: np.ndarray, t0: np.ndarray, kv: np.ndarray, stop: np.ndarray, tables: list[DecodeTable],
-              exit_tokens: np.ndarray) -> FlatPlans:
+              context: np.ndarray, t0: np.ndarray, kv: np.ndarray, stop: np.ndarray, stack: DecodeStack,
+              table: np.ndarray, exit_tokens: np.ndarray) -> FlatPlans:
     """Jumps from completion to completion while each engine's KV cache holds.
 
-    Engine e runs the samples with eng == e (in any order). An engine whose first jump would
-    overflow its cache runs that jump alone, up to the overflow (the newest samples are preempted
-    then); with `stop[e]` a plan ends at its first completion. Engines without samples get no
-    jumps. Bit for bit what jumping one completion at a time gives: the same sums, in order.
+    Engine e runs the samples with eng == e (in any order), decoding on table[e] of the stack. An
+    engine whose first jump would overflow its cache runs that jump alone, up to the overflow (the
+    newest samples are preempted then); with `stop[e]` a plan ends at its first completion.
+    Engines without samples get no jumps. Bit for bit what jumping one completion at a time gives:
+    the same sums, in order (sim.kernels.plan_sorted).
     """
-    n_eng = len(progress)
-    sizes = np.bincount(eng, minlength=n_eng)
+    eng = np.asarray(eng, np.int64)
     order = _by_engine(eng, fin, sid, progress)
-    eng, sid, fin, joined = eng[order], sid[order], fin[order], joined[order]
-    je, b, s, k, done, freed, m = plan_jumps(eng, fin, exit_tokens[sid], sizes, progress, context, kv, stop)
-    durations = _durations(tables, je, b, s, k)
-    starts, ends, k_through = plan_clock(m, t0, durations, k)
-    after = s + (b * k - freed)
-    bounds = np.append(0, np.cumsum(m))
-    cum = np.cumsum(done)
-    offsets = np.append(0, cum)[bounds[:-1]]
-    rows = np.append(0, np.cumsum(sizes))
-    return FlatPlans(rows, sid, fin, joined, bounds, je, b, s, k, ends, starts, done, after, cum, offsets, k_through,
-                     order)
+    return FlatPlans(*plan_sorted(order, eng, sid, fin, joined, exit_tokens, progress, context, kv,
+                                  np.asarray(stop, np.bool_), t0, stack.base, stack.slope, stack.ds, table), order)
 
 
 def plan_first_jump(r: Request, exit_tokens: np.ndarray) -> Plan:
@@ -178,19 +162,6 @@ def plan_first_jump(r: Request, exit_tokens: np.ndarray) -> Plan:
     i, f = np.array([b, k, n, n, k]), np.array([r.context, end, after, r.t0])
     return Plan(r.t0, i[0:1], f[0:1], i[1:2], f[1:2], i[2:3], f[2:3], Batch(sid, finish, joined), i[3:4], 0, f[3:4],
                 i[4:5])
-
-
-def _durations(tables: list[DecodeTable], je: np.ndarray, b: np.ndarray, s: np.ndarray, k: np.ndarray
-               ) -> np.ndarray:
-    """Seconds of each jump; tables[e] is engine e's table (or tables[0] every engine's)."""
-    if all(t is tables[0] for t in tables):
-        return tables[0].totals(b, s, k)
-    out = np.empty(len(k))
-    which = np.array([id(t) for t in tables])[je]
-    for t in {id(t): t for t in tables}.values():
-        sel = which == id(t)
-        out[sel] = t.totals(b[sel], s[sel], k[sel])
-    return out
 
 
 @dataclass(slots=True)
@@ -211,21 +182,6 @@ def cut_many(plans: list[tuple[Plan, DecodeTable]], now: float) -> list[Cut]:
     b = np.array([p.b[j] for (p, _), j in zip(plans, js, strict=True)])
     s0 = np.array([p.s[j] for (p, _), j in zip(plans, js, strict=True)])
     k = np.array([p.k[j] for (p, _), j in zip(plans, js, strict=True)])
-    done, rest = cut_jumps(b, s0, k, now - start, [t for _, t in plans])
+    stack, table = stack_of([t for _, t in plans])
+    done, rest = stack.stop_after(table, b, s0, k, now - start)
     return [Cut(j, int(d), float(r)) for j, d, r in zip(js, done.tolist(), rest.tolist(), strict=True)]
-
-
-def cut_jumps(b: np.ndarray, s0: np.ndarray, k: np.ndarray, elapsed: np.ndarray, tables: list[DecodeTable]
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """Jumps in progress `elapsed` seconds after they started, stopped after their current
-    iteration: (iterations run, seconds until then). tables[i] is jump i's table (or tables[0]
-    every jump's, when it is the only one)."""
-    done, rest = np.empty(len(k), np.int64), np.empty(len(k))
-    if len(tables) == 1 or not len(k):
-        return tables[0].stop_after(b, s0, k, elapsed) if len(k) else (done, rest)
-    groups = {id(t): t for t in tables}
-    which = np.array([id(t) for t in tables]) if len(groups) > 1 else None
-    for key, table in groups.items():
-        sel = np.flatnonzero(which == key) if which is not None else np.arange(len(k))
-        done[sel], rest[sel] = table.stop_after(b[sel], s0[sel], k[sel], elapsed[sel])
-    return done, rest
