@@ -30,7 +30,7 @@ import numpy as np
 import simpy
 
 from sim.clock import timeout_at
-from sim.kernels import route_few
+from sim.kernels import route_few, water_fill_kernel
 from sim.pending import Chunk, Pending
 from sim.recorder import Recorder
 from sim.samples import Samples
@@ -73,33 +73,13 @@ def water_fill(n: int, loads: np.ndarray, caps: np.ndarray, keys: np.ndarray, ro
 
     Each engine's keys must not decrease with load: its candidate slots then come out of the
     one-at-a-time heap in sorted order, so the heap's first n picks are the n smallest candidates.
-    A bisection on the key finds how many slots each engine gets; only those are sorted.
+    A bisection on the key finds how many slots each engine gets; only those are sorted (compiled:
+    sim.kernels.water_fill_kernel).
     `table` is key_table(keys), if the caller keeps it.
     """
     values, rank, below = table if table is not None else key_table(keys)
-    rows = np.arange(len(loads))
-
-    def slots(v: int) -> np.ndarray:  # slots per engine whose key is <= values[v]
-        return np.maximum(np.minimum(below[row, v], caps) - loads, 0)
-
-    lo, hi = 0, len(values) - 1
-    if slots(hi).sum() > n:
-        while lo < hi:  # smallest key value whose slots cover n
-            mid = (lo + hi) // 2
-            if slots(mid).sum() >= n:
-                hi = mid
-            else:
-                lo = mid + 1
-    take = slots(hi)
-    engine = np.repeat(rows, take)
-    first = np.cumsum(take) - take
-    level = loads[engine] + np.arange(len(engine)) - np.repeat(first, take)
-    # candidates are laid out by (engine, level) already: a stable sort on the key alone gives the
-    # lexsort by (key, engine, level); sorting the key's rank among the values gives the same order,
-    # and as 16-bit integers (when they are that few) numpy sorts those stably by radix, in one pass
-    key_rank = rank[row[engine], level + 1]
-    small = key_rank.astype(np.int16) if len(values) < 2**15 else key_rank
-    return engine[np.argsort(small, kind="stable")[:n]]
+    return water_fill_kernel(n, np.asarray(loads, np.int64), np.asarray(caps, np.int64), np.asarray(row, np.int64),
+                             len(values), rank, below)
 
 
 FEW = 4  # up to this many free slots, sim.kernels.route_few; more, water_fill

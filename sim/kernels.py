@@ -548,3 +548,46 @@ def tally_lags(totals: np.ndarray, trained_step: np.ndarray, sids: np.ndarray, v
         step = trained_step[sids[i]]
         if step >= 0 and tokens[i] > 0:
             totals[step - (versions[0] if shared else versions[i])] += tokens[i]
+
+
+@njit(cache=True)
+def _slots_below(v: int, loads: np.ndarray, caps: np.ndarray, row: np.ndarray, below: np.ndarray,
+                 out: np.ndarray) -> int:
+    """Per engine, its free slots whose key is <= the v-th key value (into out); their sum."""
+    total = 0
+    for e in range(len(loads)):
+        out[e] = max(min(below[row[e], v], caps[e]) - loads[e], 0)
+        total += out[e]
+    return total
+
+
+@njit(cache=True)
+def water_fill_kernel(n: int, loads: np.ndarray, caps: np.ndarray, row: np.ndarray, n_values: int,
+                      rank: np.ndarray, below: np.ndarray) -> np.ndarray:
+    """sim.controller.water_fill on its key table (sim.controller.key_table: n_values distinct
+    finite keys, each slot key's rank among them, `below`): a bisection for the smallest key value
+    whose slots cover n, then those slots by (key, engine, load), a counting sort on the key's
+    rank over slots laid out by (engine, load)."""
+    take = np.empty(len(loads), np.int64)
+    lo, hi = 0, n_values - 1
+    if _slots_below(hi, loads, caps, row, below, take) > n:
+        while lo < hi:  # smallest key value whose slots cover n
+            mid = (lo + hi) // 2
+            if _slots_below(mid, loads, caps, row, below, take) >= n:
+                hi = mid
+            else:
+                lo = mid + 1
+    _slots_below(hi, loads, caps, row, below, take)
+    first = np.zeros(n_values + 2, np.int64)  # per key rank (n_values: an infinite key), then prefix sums
+    for e in range(len(loads)):
+        for level in range(loads[e], loads[e] + take[e]):
+            first[rank[row[e], level + 1] + 1] += 1
+    for r in range(n_values + 1):
+        first[r + 1] += first[r]
+    out = np.empty(first[n_values + 1], np.int64)
+    for e in range(len(loads)):
+        for level in range(loads[e], loads[e] + take[e]):
+            r = rank[row[e], level + 1]
+            out[first[r]] = e
+            first[r] += 1
+    return out[:n]

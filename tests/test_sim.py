@@ -192,7 +192,7 @@ def test_queue_and_timeline_shapes() -> None:
 def test_routing_a_few_samples_matches_the_water_fill(seed: int) -> None:
     """route_few (a completion frees a slot: one argmin per sample) and water_fill (a bisection on
     the key) both give the one-at-a-time heap's choice, ties to the lowest engine included."""
-    from sim.controller import FEW, water_fill
+    from sim.controller import FEW, Controller, water_fill
     from sim.kernels import route_few
 
     rng = np.random.default_rng(seed)
@@ -205,8 +205,12 @@ def test_routing_a_few_samples_matches_the_water_fill(seed: int) -> None:
         accepting = rng.random(engines) < 0.8
         loads[~accepting] = caps[~accepting]  # the router only offers accepting engines with room
         keep = np.flatnonzero(accepting)
-        for n in (*range(1, FEW + 1), 50):  # 50: more than there are slots
+        for n in (*range(1, FEW + 1), 7, 50):  # 50: more than there are slots
             want = keep[water_fill(n, loads[keep], caps[keep], keys, rows[keep])] if len(keep) else keep
+            heap = Controller._route_one_by_one(n, keep, loads[keep], caps[keep], keys[rows[keep]])
+            assert want.tolist() == heap.tolist()
+            if n > FEW:
+                continue
             got, routed = route_few(n, accepting, loads, caps, keys, rows, 50)
             assert routed and got.tolist() == want.tolist()
         assert not route_few(FEW + 1, np.ones(engines, bool), np.zeros(engines, np.int64), np.full(engines, FEW + 1),
