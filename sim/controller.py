@@ -248,18 +248,20 @@ class Controller(ControllerBase):
 
     def deliver(self) -> None:
         """Move the planned completions due by now into the buffer."""
-        sids, versions = self.pending.due(self.env.now)
+        sids, levels, counts = self.pending.due(self.env.now)
         if not len(sids):
             return
-        levels, counts = np.unique(versions, return_counts=True)
-        for level, n in zip(levels.tolist(), counts.tolist(), strict=True):
+        start = 0
+        per_level = list(zip(levels.tolist(), counts.tolist(), strict=True))
+        for level, n in per_level:
             self.in_flight[level] -= n
             self.buffered_by[level] += n
-            self.buffer.setdefault(level, []).append(sids[versions == level] if len(levels) > 1 else sids)
+            self.buffer.setdefault(level, []).append(sids[start:start + n])
+            start += n
         self.buffered += len(sids)
         short = self._short
         for level in list(short):
-            short[level] -= int(counts[levels <= level].sum())
+            short[level] -= sum(n for lv, n in per_level if lv <= level)
             if short[level] <= 0:
                 del short[level]
 

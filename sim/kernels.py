@@ -397,13 +397,15 @@ def admissible(free: np.ndarray, owner: np.ndarray, context: np.ndarray, in_owne
 
 
 @njit(cache=True)
-def take_due(times: np.ndarray, parts: np.ndarray, ranks: np.ndarray, limit: np.ndarray, now: float
-             ) -> tuple[np.ndarray, int, float]:
+def take_due(times: np.ndarray, sids: np.ndarray, versions: np.ndarray, parts: np.ndarray, ranks: np.ndarray,
+             limit: np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, float]:
     """sim.pending.Pending.due's pass over the pool: entries due by `now` are marked delivered
-    (time set to infinity). Returns those not cut off (rank below their part's limit), how many
-    were marked, and the earliest time left."""
+    (time set to infinity). Returns the sample ids of those not cut off (rank below their part's
+    limit) grouped by start version (a counting sort), the versions and how many of each; how many
+    entries were marked, and the earliest time left."""
     hit = np.empty(len(times), np.int64)
     n_hit, n_valid, nxt = 0, 0, np.inf
+    low, high = np.iinfo(np.int64).max, np.iinfo(np.int64).min
     for i in range(len(times)):
         t = times[i]
         if t <= now:
@@ -412,9 +414,27 @@ def take_due(times: np.ndarray, parts: np.ndarray, ranks: np.ndarray, limit: np.
             if ranks[i] < limit[parts[i]]:
                 hit[n_valid] = i
                 n_valid += 1
+                low, high = min(low, versions[i]), max(high, versions[i])
         elif t < nxt:
             nxt = t
-    return hit[:n_valid], n_hit, nxt
+    if n_valid == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64), n_hit, nxt
+    first = np.zeros(high - low + 2, np.int64)
+    for q in range(n_valid):
+        first[versions[hit[q]] - low + 1] += 1
+    levels, counts = np.empty(high - low + 1, np.int64), np.empty(high - low + 1, np.int64)
+    m = 0
+    for v in range(high - low + 1):
+        if first[v + 1]:
+            levels[m], counts[m] = low + v, first[v + 1]
+            m += 1
+        first[v + 1] += first[v]
+    out = np.empty(n_valid, np.int64)
+    for q in range(n_valid):
+        i = hit[q]
+        out[first[versions[i] - low]] = sids[i]
+        first[versions[i] - low] += 1
+    return out, levels[:m], counts[:m], n_hit, nxt
 
 
 @njit(cache=True)

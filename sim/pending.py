@@ -127,14 +127,16 @@ class Pending:
         """Which of these entries are not cut off."""
         return ranks < self._limit[parts]
 
-    def due(self, now: float) -> tuple[np.ndarray, np.ndarray]:
-        """Take out the completions at or before `now`: (sample ids, start versions), in no order."""
+    def due(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Take out the completions at or before `now`: their sample ids grouped by start version
+        (ascending; in no order within a version), the versions, and how many of each."""
         if now < self._next:
-            return EMPTY, EMPTY
-        hit, n_hit, self._next = take_due(self._times, self._parts, self._ranks, self._limit, now)
+            return EMPTY, EMPTY, EMPTY
+        sids, levels, counts, n_hit, self._next = take_due(self._times, self._sids, self._versions, self._parts,
+                                                           self._ranks, self._limit, now)
         self._delivered += n_hit
         self._live = None
-        return self._sids[hit], self._versions[hit]
+        return sids, levels, counts
 
     def _remaining(self) -> tuple[np.ndarray, np.ndarray]:
         if self._live is None:

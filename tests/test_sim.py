@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -413,9 +414,13 @@ def test_pending_pool_answers_as_a_sorted_index_would() -> None:
             if r >= keep[o]:
                 live.pop(s)
         now = float(rng.uniform(0, 50))
-        got, _ = pending.due(now)
+        got, levels, counts = pending.due(now)
         due = sorted(s for s, (t, _) in live.items() if t <= now)
         assert sorted(got.tolist()) == due
+        # grouped by start version, ascending
+        assert got[np.argsort([live[s][1] for s in got.tolist()], kind="stable")].tolist() == got.tolist()
+        assert dict(zip(levels.tolist(), counts.tolist(), strict=True)) == dict(
+            Counter(live[s][1] for s in due)) and sorted(levels.tolist()) == levels.tolist()
         for s in due:
             live.pop(s)
         need = {int(level): int(rng.integers(1, 5)) for level in rng.integers(0, 4, 2)}
