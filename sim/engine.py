@@ -28,7 +28,7 @@ from sim.bulk import Loading, Parked
 from sim.clock import timeout_at
 from sim.controller import Controller
 from sim.costs import DecodeTable, PrefillCurve, stack_of
-from sim.kernels import admissible, admit_rows, jumps_ended, planned_completions, split_stopped, stop_rows
+from sim.kernels import admissible, admit_rows, planned_completions, split_stopped, stop_parked, stop_rows
 from sim.pending import Chunk
 from sim.planning import Batch, Cut, Plan, Request, cut_many, plan_first_jump, plan_flat, plan_many
 from sim.recorder import Recorder
@@ -423,26 +423,11 @@ class Fleet:
 
     def _stop(self, p: Parked, request: tuple[int, float]) -> Loading | None:
         """Stop the parked engines that can at the push (see sim.bulk); returns them, waiting."""
-        now, ready_at = self.env.now, request[1]
-        flat = p.plan
-        count = np.diff(flat.jumps)
-        last = np.where(count > 0, _before(flat.ends, flat.jumps[1:]), -np.inf)
-        ended = last <= now
-        ok = p.alive & (now >= p.t0) & (p.rest == 0) & np.where(ended, p.idle_end, self._interruptible[p.engines])
-        j = jumps_ended(flat.jumps, flat.ends, now)
-        cutting = np.flatnonzero(ok & ~ended)
-        at = flat.jumps[cutting] + j[cutting]  # the jump in progress
-        start = np.where(j[cutting] > 0, _before(flat.ends, at), p.t0[cutting])
-        b, s0, k = flat.b[at], flat.s[at], flat.k[at]
-        d, rest = self._stack.stop_after(self._table_of[p.engines[cutting]], b, s0, k, now - start)
-        stop_at = np.where(rest > 0, now + rest, now)  # as `if rest > 0: yield timeout(rest)` leaves the clock
-        finishing = np.where(d == k, flat.done[at], 0)
-        ok[cutting] &= ready_at > stop_at  # one still decoding when the weights are in loads on its own
-        ok[cutting] &= s0 + b * d <= self._kv[p.engines[cutting]]  # and one that overflows preempts
-        jcount = np.where(ended, count, j)
-        keep_cut = ok[cutting]
-        cutting, at, start, b, d, stop_at, finishing = (x[keep_cut] for x in (cutting, at, start, b, d, stop_at,
-                                                                              finishing))
+        flat, stack = p.plan, self._stack
+        ok, jcount, cutting, at, start, b, d, stop_at, finishing = stop_parked(
+            flat.jumps, flat.ends, flat.b, flat.s, flat.k, flat.done, p.alive, p.t0, p.rest, p.idle_end,
+            self._interruptible[p.engines], self._kv[p.engines], self._table_of[p.engines], stack.base, stack.slope,
+            stack.ds, self.env.now, request[1])
         if not ok.any():
             return None
         return self._commit_stop(p, np.flatnonzero(ok), jcount, cutting, at, start, b, d, stop_at, finishing)
@@ -460,14 +445,13 @@ class Fleet:
         gidx = p.engines
         cut_b, cut_d, finish = (np.zeros(n, np.int64) for _ in range(3))
         cut_b[cutting], cut_d[cutting], finish[cutting] = b, d, finishing
-        progress, context, n_done, ended, fate = stop_rows(
+        progress, context, n_done, fate, *decoded = stop_rows(
             chosen, jcount, p.progress, p.context, flat.jumps, flat.k_through, flat.after, flat.cum, flat.offsets,
-            flat.rows, flat.sid, self.exit_tokens, cut_b, cut_d, finish)
+            flat.rows, flat.sid, self.exit_tokens, cut_b, cut_d, finish, gidx, p.version, flat.starts, flat.ends,
+            flat.b)
         # jumps that have ended: recorded, their completions credited
-        je = flat.je[ended]
-        rec.fleet_intervals(self._names, self._groups, "decode", gidx[je], flat.starts[ended], flat.ends[ended],
-                            p.version[je], flat.b[ended])
-        rec.count(len(je))
+        rec.fleet_intervals(self._names, self._groups, "decode", *decoded)
+        rec.count(len(decoded[0]))
         self.controller.cut_parts(p.first_part + stop, n_done[stop])
         # the iteration in progress: it runs to its end, and completes the next jump's samples if last
         rec.fleet_intervals(self._names, self._groups, "decode", gidx[cutting], start, stop_at, p.version[cutting], b)

@@ -11,11 +11,11 @@ seconds once per install).
   decode sums    jump_total(s), stop_after       (sim.costs.DecodeTable, DecodeStack)
   prefill        prefill_one, prefill_many       (sim.costs.PrefillCurve)
   planning       engine_keys, plan_sorted        (sim.planning.plan_flat)
-  fleet passes   admissible, admit_rows, planned_completions, jumps_ended, stop_rows,
+  fleet passes   admissible, admit_rows, planned_completions, stop_parked, stop_rows,
                  split_stopped                   (sim.engine.Fleet)
   completions    take_due, live_entries          (sim.pending.Pending)
   one engine     first_jump                      (sim.planning.plan_first_jump)
-  routing        route_few                       (sim.controller.Controller.dispatch)
+  routing        route_few, water_fill_kernel    (sim.controller)
   staleness      tally_lags                      (sim.samples.Samples.staleness_tokens)
 """
 
@@ -234,62 +234,112 @@ def _iterations_within(base: np.ndarray, slope: np.ndarray, ds: float, b: int, s
 
 
 @njit(cache=True)
+def _stop_one(base: np.ndarray, slope: np.ndarray, ds: float, b: int, s0: float, k: int, elapsed: float
+              ) -> tuple[int, float]:
+    """A jump in progress `elapsed` seconds after it started, stopped after its current iteration
+    (one that started at `elapsed` runs one iteration): (iterations run, seconds left until then)."""
+    within = _iterations_within(base, slope, ds, b, s0, k, elapsed)
+    d = within
+    if within == 0 or jump_total(base, slope, ds, b, s0, within) < elapsed - 1e-12:
+        d = within + 1  # the iteration in progress runs to its end
+    d = min(k, d)
+    return d, jump_total(base, slope, ds, b, s0, d) - elapsed
+
+
+@njit(cache=True)
 def stop_after(base: np.ndarray, slope: np.ndarray, ds: np.ndarray, table: np.ndarray, b: np.ndarray, s0: np.ndarray,
                k: np.ndarray, elapsed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """sim.costs.DecodeTable.stop_after: jumps in progress `elapsed` seconds after they started,
-    stopped after their current iteration (one that started at `elapsed` runs one iteration):
-    (iterations run, seconds left until then). Jump i's table is t = table[i] of a stack (base[t],
-    slope[t], ds[t]; sim.costs.DecodeStack)."""
+    """sim.costs.DecodeTable.stop_after (`_stop_one` of every jump). Jump i's table is t = table[i]
+    of a stack (base[t], slope[t], ds[t]; sim.costs.DecodeStack)."""
     n = len(k)
     done, rest = np.empty(n, np.int64), np.empty(n)
     for i in range(n):
         t = table[i]
-        within = _iterations_within(base[t], slope[t], ds[t], b[i], s0[i], k[i], elapsed[i])
-        d = within
-        if within == 0 or jump_total(base[t], slope[t], ds[t], b[i], s0[i], within) < elapsed[i] - 1e-12:
-            d = within + 1  # the iteration in progress runs to its end
-        d = min(k[i], d)
-        done[i] = d
-        rest[i] = jump_total(base[t], slope[t], ds[t], b[i], s0[i], d) - elapsed[i]
+        done[i], rest[i] = _stop_one(base[t], slope[t], ds[t], b[i], s0[i], k[i], elapsed[i])
     return done, rest
 
 
 @njit(cache=True)
-def jumps_ended(jumps: np.ndarray, ends: np.ndarray, now: float) -> np.ndarray:
-    """Per engine of a sim.planning.FlatPlans, how many of its jumps have ended by `now`."""
-    n = len(jumps) - 1
-    out = np.empty(n, np.int64)
+def stop_parked(jumps: np.ndarray, ends: np.ndarray, b: np.ndarray, s: np.ndarray, k: np.ndarray, done: np.ndarray,
+                alive: np.ndarray, t0: np.ndarray, rest: np.ndarray, idle_end: np.ndarray, interruptible: np.ndarray,
+                kv: np.ndarray, table: np.ndarray, base: np.ndarray, slope: np.ndarray, ds: np.ndarray, now: float,
+                ready_at: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                          np.ndarray, np.ndarray, np.ndarray]:
+    """sim.engine.Fleet._stop's decision for the engines of one sim.bulk.Parked at a push: which
+    stop now (`ok`: parked, decoding, nothing left in the inbox; an ended plan only if the engine
+    is idle after it, one in progress only if interruptible, the iteration in progress ends
+    before the weights are in, and it does not overflow the cache), and after how many whole
+    jumps (`jcount`). For those cutting a jump: the engine, the jump, when it started, b running,
+    iterations run, when the iteration in progress ends, and the completions it makes (its jump's
+    if those iterations end it, else 0)."""
+    n = len(alive)
+    ok = np.zeros(n, np.bool_)
+    jcount = np.zeros(n, np.int64)
+    cutting, at, cut_b, cut_d, finishing = (np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64),
+                                            np.empty(n, np.int64), np.empty(n, np.int64))
+    start, stop_at = np.empty(n), np.empty(n)
+    m = 0
     for e in range(n):
         lo, hi = jumps[e], jumps[e + 1]
-        out[e] = np.searchsorted(ends[lo:hi], now, "right")
-    return out
+        ended = hi == lo or ends[hi - 1] <= now
+        if not (alive[e] and now >= t0[e] and rest[e] == 0 and (idle_end[e] if ended else interruptible[e])):
+            continue
+        if ended:
+            ok[e], jcount[e] = True, hi - lo
+            continue
+        j = np.searchsorted(ends[lo:hi], now, "right")
+        a = lo + j  # the jump in progress
+        begin = ends[a - 1] if j > 0 else t0[e]
+        t = table[e]
+        d, left = _stop_one(base[t], slope[t], ds[t], b[a], s[a], k[a], now - begin)
+        end = now + left if left > 0 else now  # as `if rest > 0: yield timeout(rest)` leaves the clock
+        # one still decoding when the weights are in loads on its own, and one that overflows preempts
+        if not (ready_at > end and s[a] + b[a] * d <= kv[e]):
+            continue
+        ok[e], jcount[e] = True, j
+        cutting[m], at[m], start[m], cut_b[m], cut_d[m], stop_at[m] = e, a, begin, b[a], d, end
+        finishing[m] = done[a] if d == k[a] else 0
+        m += 1
+    return ok, jcount, cutting[:m], at[:m], start[:m], cut_b[:m], cut_d[:m], stop_at[:m], finishing[:m]
 
 
 @njit(cache=True)
 def stop_rows(chosen: np.ndarray, jcount: np.ndarray, progress0: np.ndarray, context0: np.ndarray,
               jumps: np.ndarray, k_through: np.ndarray, after: np.ndarray, cum: np.ndarray, offsets: np.ndarray,
               rows: np.ndarray, sid: np.ndarray, exit_tokens: np.ndarray, cut_b: np.ndarray, cut_d: np.ndarray,
-              finishing: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+              finishing: np.ndarray, engines: np.ndarray, version: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+              b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                      np.ndarray, np.ndarray, np.ndarray]:
     """sim.engine.Fleet._commit_stop's bookkeeping for parked engines stopped at a push (chosen),
     each after its first jcount jumps and, where it was cutting a jump, cut_d more iterations of
     it (cut_b running; finishing: the jump's completions when those iterations end it, else 0).
 
     Returns per engine its progress, KV context and the samples its ended jumps completed; per
-    jump whether it ended (for the timeline); per row of the plan its fate: 0 it decodes on after
-    the load (or its engine did not stop), 1 completed by an ended jump, 2 completed by the
-    iteration in progress (in at that iteration's end, which frees its KV). Completed rows are a
-    prefix of each engine's rows, sorted as they are by finish."""
+    row of the plan its fate: 0 it decodes on after the load (or its engine did not stop), 1
+    completed by an ended jump, 2 completed by the iteration in progress (in at that iteration's
+    end, which frees its KV); and the ended jumps for the timeline (fleet index of the engine,
+    start, end, the engine's version, samples running). Completed rows are a prefix of each
+    engine's rows, sorted as they are by finish."""
     n = len(chosen)
     progress, context = progress0.copy(), context0.copy()
     n_done = np.zeros(n, np.int64)
-    ended = np.zeros(len(k_through), np.bool_)
     fate = np.zeros(len(sid), np.int8)
+    n_ended = 0
+    for e in range(n):
+        if chosen[e]:
+            n_ended += jcount[e]
+    d_engine, d_version, d_b = np.empty(n_ended, np.int64), np.empty(n_ended, np.int64), np.empty(n_ended, np.int64)
+    d_start, d_end = np.empty(n_ended), np.empty(n_ended)
+    q = 0
     for e in range(n):
         if not chosen[e]:
             continue
         if jcount[e] > 0:
             last = jumps[e] + jcount[e] - 1
-            ended[jumps[e]:last + 1] = True
+            for j in range(jumps[e], last + 1):
+                d_engine[q], d_version[q], d_b[q] = engines[e], version[e], b[j]
+                d_start[q], d_end[q] = starts[j], ends[j]
+                q += 1
             progress[e] += k_through[last]
             context[e] = after[last]
             n_done[e] = cum[last] - offsets[e]
@@ -303,7 +353,7 @@ def stop_rows(chosen: np.ndarray, jcount: np.ndarray, progress0: np.ndarray, con
             freed += exit_tokens[sid[r]]
         if finishing[e]:
             context[e] -= float(freed)  # integers below 2^53: the sum is exact
-    return progress, context, n_done, ended, fate
+    return progress, context, n_done, fate, d_engine, d_start, d_end, d_version, d_b
 
 
 @njit(cache=True)
