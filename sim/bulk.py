@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sim.kernels import group_by_owner
 from sim.planning import FlatPlans
 
 
@@ -87,8 +88,7 @@ class Loading:
         if not self._in_sid:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         owner, sid = np.concatenate(self._in_owner), np.concatenate(self._in_sid)
-        order = np.argsort(_small(owner), kind="stable")
-        return owner[order], sid[order]
+        return group_by_owner(owner, sid, len(self.engines))
 
     def subset(self, keep: np.ndarray) -> Loading:
         """The engines where keep[i] (renumbered)."""
@@ -99,7 +99,3 @@ class Loading:
                        self.context[idx], self.start[idx], renumber[self.owner[rows]], self.sid[rows],
                        self.fin[rows], self.joined[rows], self.count[idx])
 
-
-def _small(owner: np.ndarray) -> np.ndarray:
-    """Engine indices as 16-bit integers where they fit: numpy sorts those stably by radix, in one pass."""
-    return owner.astype(np.int16) if len(owner) and owner.max() < 2**15 else owner

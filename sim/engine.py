@@ -417,8 +417,9 @@ class Fleet:
         ready_at = request[1]
         for g in loading:
             when = g.start + (ready_at - g.start)  # where each engine's timeout of the difference would end
-            for w in np.unique(when).tolist():
-                part = g if (when == w).all() else g.subset(when == w)
+            parts = [(float(when[0]), g)] if (when == when[0]).all() else [
+                (w, g.subset(when == w)) for w in np.unique(when).tolist()]
+            for w, part in parts:
                 timeout_at(self.env, w).callbacks.append(lambda _ev, part=part: self._load_group(part, request))
 
     def _stop(self, p: Parked, request: tuple[int, float]) -> Loading | None:

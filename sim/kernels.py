@@ -13,6 +13,7 @@ seconds once per install).
   planning       engine_keys, plan_sorted        (sim.planning.plan_flat)
   fleet passes   admissible, admit_rows, planned_completions, stop_parked, stop_rows,
                  split_stopped                   (sim.engine.Fleet)
+  waiting loads  group_by_owner                  (sim.bulk.Loading)
   completions    take_due, live_entries          (sim.pending.Pending)
   one engine     first_jump                      (sim.planning.plan_first_jump)
   routing        route_few, water_fill_kernel    (sim.controller)
@@ -661,3 +662,20 @@ def water_fill_kernel(n: int, loads: np.ndarray, caps: np.ndarray, row: np.ndarr
             out[first[r]] = e
             first[r] += 1
     return out[:n]
+
+
+@njit(cache=True)
+def group_by_owner(owner: np.ndarray, sid: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Entries (owner[i] in 0..n-1, sid[i]) grouped by owner, each group in its entries' order
+    (a stable counting sort)."""
+    first = np.zeros(n + 1, np.int64)
+    for i in range(len(owner)):
+        first[owner[i] + 1] += 1
+    for e in range(n):
+        first[e + 1] += first[e]
+    out_owner, out_sid = np.empty(len(owner), np.int64), np.empty(len(owner), np.int64)
+    for i in range(len(owner)):
+        q = first[owner[i]]
+        out_owner[q], out_sid[q] = owner[i], sid[i]
+        first[owner[i]] += 1
+    return out_owner, out_sid
