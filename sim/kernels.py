@@ -14,7 +14,7 @@ seconds once per install).
   fleet passes   admissible, admit_rows, planned_completions, stop_parked, stop_rows,
                  split_stopped                   (sim.engine.Fleet)
   waiting loads  group_by_owner                  (sim.bulk.Loading)
-  completions    take_due, live_entries          (sim.pending.Pending)
+  completions    file_entries, take_due, live_entries  (sim.pending.Pending)
   one engine     first_jump                      (sim.planning.plan_first_jump)
   routing        route_few, water_fill_kernel    (sim.controller)
   staleness      tally_lags                      (sim.samples.Samples.staleness_tokens)
@@ -679,3 +679,21 @@ def group_by_owner(owner: np.ndarray, sid: np.ndarray, n: int) -> tuple[np.ndarr
         out_owner[q], out_sid[q] = owner[i], sid[i]
         first[owner[i]] += 1
     return out_owner, out_sid
+
+
+@njit(cache=True)
+def file_entries(times_buf: np.ndarray, sid_buf: np.ndarray, version_buf: np.ndarray, part_buf: np.ndarray,
+                 rank_buf: np.ndarray, at: int, times: np.ndarray, sids: np.ndarray, versions: np.ndarray,
+                 first_part: int, owner: np.ndarray, ranks: np.ndarray) -> float:
+    """sim.pending.Pending's filing: entries written into the pool's buffers from `at` on, entry i
+    number ranks[i] of part first_part + owner[i] (empty owner: all of part first_part, ranked in
+    order). Returns the earliest time filed."""
+    one_part = len(owner) == 0
+    earliest = np.inf
+    for i in range(len(times)):
+        q = at + i
+        times_buf[q], sid_buf[q], version_buf[q] = times[i], sids[i], versions[i]
+        part_buf[q] = first_part if one_part else first_part + owner[i]
+        rank_buf[q] = i if one_part else ranks[i]
+        earliest = min(earliest, times[i])
+    return earliest

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.kernels import live_entries, take_due
+from sim.kernels import file_entries, live_entries, take_due
 
 EMPTY = np.empty(0, np.int64)
 NO_LIMIT = np.iinfo(np.int64).max
@@ -59,7 +59,7 @@ class Pending:
     def add(self, times: np.ndarray, sids: np.ndarray, versions: np.ndarray) -> Chunk:
         """One engine's completions: one part."""
         part = self._new_parts(1)
-        self._file(times, sids, versions, np.full(len(times), part, np.int64), np.arange(len(times)))
+        self._file(times, sids, versions, part, EMPTY, EMPTY)
         return Chunk(part)
 
     def add_parts(self, times: np.ndarray, sids: np.ndarray, versions: np.ndarray, owner: np.ndarray,
@@ -67,11 +67,12 @@ class Pending:
         """Completions of n engines at once: entry i is number ranks[i] of part owner[i] (0..n-1).
         Returns the first part's id (the others follow)."""
         first = self._new_parts(n)
-        self._file(times, sids, versions, owner + first, ranks)
+        self._file(times, sids, versions, first, owner, ranks)
         return first
 
-    def _file(self, times: np.ndarray, sids: np.ndarray, versions: np.ndarray, parts: np.ndarray,
+    def _file(self, times: np.ndarray, sids: np.ndarray, versions: np.ndarray, first_part: int, owner: np.ndarray,
               ranks: np.ndarray) -> None:
+        """Entry i is number ranks[i] of part first_part + owner[i] (no owner: all of one part, in order)."""
         if not len(times):
             return
         self._compact()
@@ -82,12 +83,13 @@ class Pending:
             for old, new in zip(self._buffers, grown, strict=True):
                 new[:n] = old[:n]
             self._buffers = grown
-        for buffer, column in zip(self._buffers, (times, sids, versions, parts, ranks), strict=True):
-            buffer[n:n + k] = column
+        earliest = file_entries(*self._buffers, n, np.asarray(times, np.float64), np.asarray(sids, np.int64),
+                                np.asarray(versions, np.int64), first_part, np.asarray(owner, np.int64),
+                                np.asarray(ranks, np.int64))
         self._n = n + k
         self._view()
         self._live = None
-        self._next = min(self._next, float(times.min()))
+        self._next = min(self._next, earliest)
 
     def cut(self, chunk: Chunk, keep: int) -> None:
         """The plan behind `chunk` stopped early: only its first `keep` completions happen (those
