@@ -14,7 +14,7 @@ seconds once per install).
   fleet passes   admissible, admit_rows, planned_completions, stop_parked, stop_rows,
                  split_stopped                   (sim.engine.Fleet)
   waiting loads  group_by_owner                  (sim.bulk.Loading)
-  completions    file_entries, take_due, live_entries  (sim.pending.Pending)
+  completions    file_entries, take_due, live_entries, compact_pool  (sim.pending.Pending)
   one engine     first_jump                      (sim.planning.plan_first_jump)
   routing        route_few, water_fill_kernel    (sim.controller)
   staleness      tally_lags                      (sim.samples.Samples.staleness_tokens)
@@ -697,3 +697,16 @@ def file_entries(times_buf: np.ndarray, sid_buf: np.ndarray, version_buf: np.nda
         rank_buf[q] = i if one_part else ranks[i]
         earliest = min(earliest, times[i])
     return earliest
+
+
+@njit(cache=True)
+def compact_pool(times: np.ndarray, sids: np.ndarray, versions: np.ndarray, parts: np.ndarray, ranks: np.ndarray,
+                 limit: np.ndarray) -> int:
+    """sim.pending.Pending's compaction: entries delivered (time infinite) or cut off (rank at or
+    past their part's limit) dropped, the others moved to the front in order; returns how many."""
+    m = 0
+    for i in range(len(times)):
+        if times[i] < np.inf and ranks[i] < limit[parts[i]]:
+            times[m], sids[m], versions[m], parts[m], ranks[m] = times[i], sids[i], versions[i], parts[i], ranks[i]
+            m += 1
+    return m

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.kernels import file_entries, live_entries, take_due
+from sim.kernels import compact_pool, file_entries, live_entries, take_due
 
 EMPTY = np.empty(0, np.int64)
 NO_LIMIT = np.iinfo(np.int64).max
@@ -109,11 +109,7 @@ class Pending:
         """Drop delivered and cut entries once they are a good part of the pool."""
         if not (2 * self._delivered > len(self._times) or self._cuts > 32):
             return
-        keep = (self._times < np.inf) & self._valid(self._parts, self._ranks)
-        m = int(keep.sum())
-        for buffer, column in zip(self._buffers, self._columns(), strict=True):
-            buffer[:m] = column[keep]  # a copy first, then written back in place
-        self._n = m
+        self._n = compact_pool(*self._columns(), self._limit)  # in place: the views write to the buffers
         self._view()
         self._delivered, self._cuts = 0, 0
 
@@ -124,10 +120,6 @@ class Pending:
         """Point the column names at the pool's entries."""
         n = self._n
         self._times, self._sids, self._versions, self._parts, self._ranks = (b[:n] for b in self._buffers)
-
-    def _valid(self, parts: np.ndarray, ranks: np.ndarray) -> np.ndarray:
-        """Which of these entries are not cut off."""
-        return ranks < self._limit[parts]
 
     def due(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Take out the completions at or before `now`: their sample ids grouped by start version
