@@ -390,6 +390,53 @@ def test_cut_solves_for_the_iteration_in_progress_as_the_bisection_does(seed: in
     assert rest.tolist() == (table.totals(b, s0, want) - elapsed).tolist()
 
 
+def test_stacked_tables_answer_as_each_table_does() -> None:
+    """A mixed fleet's decode tables stacked (DecodeStack, rows padded to the largest batch): each
+    jump's cut and the plan's clock on its own engine's table, bit for bit as that table alone."""
+    from sim.costs import stack_of
+    from sim.planning import plan_flat
+
+    small = DecodeTable.build(CM, CLUSTER.gpu("L40S"), get_model("qwen2.5-7b"), 1, 24, 30_000.0)
+    big = _decode_table()
+    stack, table = stack_of([big, small, big, small])
+    assert table.tolist() == [0, 1, 0, 1] and stack.base.shape[:2] == (2, 65)
+    rng = np.random.default_rng(4)
+    b, s0, k = _jumps(small, 4, n=400)
+    b = np.minimum(b, 24)
+    which = rng.integers(0, 2, len(k))
+    elapsed = np.where(which == 0, big.totals(b, s0, k), small.totals(b, s0, k)) * rng.uniform(0, 1, len(k))
+    done, rest = stack.stop_after(which, b, s0, k, elapsed)
+    for t, one in enumerate((big, small)):
+        mine = which == t
+        want_done, want_rest = one.stop_after(b[mine], s0[mine], k[mine], elapsed[mine])
+        assert done[mine].tolist() == want_done.tolist() and rest[mine].tolist() == want_rest.tolist()
+    # four engines of 12 samples, two kinds: each engine's jump ends are its own table's sums
+    eng = np.repeat(np.arange(4), 12)
+    fin = rng.integers(1, 400, len(eng))
+    exit_tokens = rng.integers(100, 500, len(eng))
+    flat = plan_flat(eng, np.arange(len(eng)), fin, np.zeros(len(eng), np.int64), np.zeros(4, np.int64),
+                     np.full(4, 3000.0), np.zeros(4), np.full(4, 1e9), np.zeros(4, bool), stack, table, exit_tokens)
+    for e, one in enumerate((big, small, big, small)):
+        lo, hi = flat.jumps[e], flat.jumps[e + 1]
+        clock = 0.0
+        for j in range(lo, hi):
+            clock = clock + one.total(int(flat.b[j]), float(flat.s[j]), int(flat.k[j]))
+            assert flat.ends[j] == clock
+
+
+def test_mixed_fleet_fast_path_matches_token_level() -> None:
+    """Two kinds of engine (each on its own decode table) under the fast path and the token-level
+    reference: the same throughput and step time."""
+    plan = Plan(mode="async", staleness=2, trainer=TrainerGroup(gpu_type="H800", dp=8),
+                rollout=(RolloutGroup(gpu_type="H20", instances=2), RolloutGroup(gpu_type="L40S", instances=2)))
+    w = _workload(LONGTAIL, eta=2, prompts=24)
+    fast = simulate(CLUSTER, w, plan, CM, steps=5, seed=2)
+    ref = simulate(CLUSTER, w, plan, CM, steps=5, seed=2, token_level=True)
+    assert fast.samples_per_s == pytest.approx(ref.samples_per_s, rel=0.01)
+    assert fast.mean_step_s == pytest.approx(ref.mean_step_s, rel=0.01)
+    assert fast.utilization.keys() == ref.utilization.keys() and len(fast.utilization) == 3
+
+
 def test_pending_pool_answers_as_a_sorted_index_would() -> None:
     """Completions filed unsorted, cut and delivered: due() hands out exactly those at or before now,
     and kth_time is the n-th completion time of the live ones (by start version)."""
