@@ -120,8 +120,7 @@ def plan_sorted(order: np.ndarray, eng: np.ndarray, sid: np.ndarray, fin: np.nda
         q = order[r]
         o_sid[r], o_fin[r], o_joined[r] = sid[q], fin[q], joined[q]
     jumps = np.zeros(n_eng + 1, np.int64)
-    je, b, k, done = np.empty(n_rows, np.int64), np.empty(n_rows, np.int64), np.empty(n_rows, np.int64), np.empty(
-        n_rows, np.int64)
+    b, k, done = np.empty(n_rows, np.int64), np.empty(n_rows, np.int64), np.empty(n_rows, np.int64)
     s, ends, starts, after = np.empty(n_rows), np.empty(n_rows), np.empty(n_rows), np.empty(n_rows)
     cum, k_through = np.empty(n_rows, np.int64), np.empty(n_rows, np.int64)
     offsets = np.empty(n_eng, np.int64)
@@ -148,7 +147,7 @@ def plan_sorted(order: np.ndarray, eng: np.ndarray, sid: np.ndarray, fin: np.nda
                 if k0 != kk:
                     q, fr = r, 0  # it stops before its completions
                 kk, overflowed = k0, True
-            je[n], b[n], s[n], k[n], done[n] = e, left, ss, kk, q - r
+            b[n], s[n], k[n], done[n] = left, ss, kk, q - r
             after[n] = ss + (left * kk - fr)
             iterations += kk
             k_through[n] = iterations
@@ -169,7 +168,7 @@ def plan_sorted(order: np.ndarray, eng: np.ndarray, sid: np.ndarray, fin: np.nda
             starts[j] = clock
             clock = clock + jump_total(base_t, slope_t, ds_t, b[j], s[j], k[j])
             ends[j] = clock
-    return (rows, o_sid, o_fin, o_joined, jumps, je[:n], b[:n], s[:n], k[:n], ends[:n], starts[:n], done[:n],
+    return (rows, o_sid, o_fin, o_joined, jumps, b[:n], s[:n], k[:n], ends[:n], starts[:n], done[:n],
             after[:n], cum[:n], offsets, k_through[:n])
 
 

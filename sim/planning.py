@@ -86,7 +86,6 @@ class FlatPlans:
     fin: np.ndarray
     joined: np.ndarray
     jumps: np.ndarray  # [E+1]
-    je: np.ndarray  # engine of each jump
     b: np.ndarray
     s: np.ndarray
     k: np.ndarray
