@@ -50,6 +50,9 @@ class Lookup:
 @dataclass(frozen=True)
 class ProfileTable:
     frame: pd.DataFrame = field(repr=False)
+    # rows() per (stage, GPU type, model): the simulator's trainer asks at every step, and a pandas
+    # filter costs about a millisecond (the frame is not changed after construction)
+    _rows: dict[tuple[str, str, str], pd.DataFrame] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def empty(cls) -> ProfileTable:
@@ -102,8 +105,11 @@ class ProfileTable:
         return len(self.frame)
 
     def rows(self, stage: str, gpu_type: str, model: str) -> pd.DataFrame:
-        f = self.frame
-        return f[(f["stage"] == stage) & (f["gpu_type"] == gpu_type) & (f["model"] == model.lower())]
+        key = (stage, gpu_type, model.lower())
+        if key not in self._rows:
+            f = self.frame
+            self._rows[key] = f[(f["stage"] == stage) & (f["gpu_type"] == gpu_type) & (f["model"] == key[2])]
+        return self._rows[key]
 
     def lookup(self, rows: pd.DataFrame, stage: str, axes: dict[str, np.ndarray]) -> Lookup:
         """Interpolate `rows` (already filtered to one key) at the query points."""
