@@ -28,7 +28,7 @@ from sim.bulk import Loading, Parked
 from sim.clock import timeout_at
 from sim.controller import Controller
 from sim.costs import DecodeTable, PrefillCurve, stack_of
-from sim.kernels import admissible, admit_rows, planned_completions, split_stopped, stop_parked, stop_rows
+from sim.kernels import admissible, admit_rows, split_stopped, stop_parked, stop_rows
 from sim.pending import Chunk
 from sim.planning import Batch, Cut, Plan, Request, cut_many, plan_first_jump, plan_flat, plan_many
 from sim.recorder import Recorder
@@ -319,13 +319,11 @@ class Fleet:
         t0 = np.where(has_new, prefill_end, after)
         context1 = context + tokens
         flat = plan_flat(all_owner, all_sid, all_fin, all_joined, progress, context1, t0, self._kv[idx], rest > 0,
-                         self._stack, self._table_of[idx], self.exit_tokens)
+                         self._stack, self._table_of[idx], self.exit_tokens, self._reward[idx])
         is_new = is_new[flat.order]
-        # completions: each engine's first rows, at the ends of their jumps (plus the reward)
-        n_done, done_sid, done_owner, done_rank, times = planned_completions(
-            flat.rows, flat.jumps, flat.done, flat.ends, self._reward[idx], flat.sid)
-        first_part = self.controller.plan_parts(times, done_sid, done_owner, done_rank, n)
-        idle_end = (n_done == np.diff(flat.rows)) & (rest == 0)
+        c = flat.completions  # each engine's first rows, at the ends of their jumps (plus the reward)
+        first_part = self.controller.plan_parts(c.times, c.sid, c.owner, c.rank, n)
+        idle_end = (c.n_done == np.diff(flat.rows)) & (rest == 0)
         p = Parked(idx, np.ones(n, bool), version, progress, context, context1, np.full(n, now), reprefill_end,
                    prefill_end, running, head, np.ones(n, bool), is_new, rest, idle_end, flat, t0, first_part)
         self.parked = [q for q in self.parked if q.alive.any()] + [p]

@@ -11,7 +11,7 @@ seconds once per install).
   decode sums    jump_total(s), stop_after       (sim.costs.DecodeTable, DecodeStack)
   prefill        prefill_one, prefill_many       (sim.costs.PrefillCurve)
   planning       engine_keys, plan_sorted        (sim.planning.plan_flat)
-  fleet passes   admissible, admit_rows, planned_completions, stop_parked, stop_rows,
+  fleet passes   admissible, admit_rows, stop_parked, stop_rows,
                  split_stopped                   (sim.engine.Fleet)
   waiting loads  group_by_owner                  (sim.bulk.Loading)
   completions    file_entries, take_due, live_entries, compact_pool  (sim.pending.Pending)
@@ -98,17 +98,16 @@ def engine_keys(eng: np.ndarray, fin: np.ndarray, sid: np.ndarray, progress: np.
 @njit(cache=True)
 def plan_sorted(order: np.ndarray, eng: np.ndarray, sid: np.ndarray, fin: np.ndarray, joined: np.ndarray,
                 exit_tokens: np.ndarray, progress: np.ndarray, context: np.ndarray, kv: np.ndarray, stop: np.ndarray,
-                t0: np.ndarray, base: np.ndarray, slope: np.ndarray, ds: np.ndarray, table: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                           np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                           np.ndarray, np.ndarray]:
+                t0: np.ndarray, base: np.ndarray, slope: np.ndarray, ds: np.ndarray, table: np.ndarray,
+                reward: np.ndarray) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
     """sim.planning.plan_flat once its rows' order by (engine, finish, sid) is known: the rows in
     that order, and each engine's jumps, one per distinct finishing point, b running for k
     iterations from total context s, kept while the KV cache holds (only the first when the engine
     stops at its first completion; a first jump that overflows runs alone up to the overflow).
     Each jump's seconds are `jump_total` on its engine's table (base[t], slope[t], ds[t] with
     t = table[engine]), and its clock a sequential sum from the engine's t0, as chained timeouts
-    would give. Returns the fields of sim.planning.FlatPlans, in its order, but `order`."""
+    would give. Returns what the plans complete (sim.planning.Completions: listed one by one only
+    with a `reward` per engine) and the fields of sim.planning.FlatPlans, in its order, but `order`."""
     n_rows, n_eng = len(order), len(progress)
     rows = np.zeros(n_eng + 1, np.int64)
     for r in range(n_rows):
@@ -159,17 +158,30 @@ def plan_sorted(order: np.ndarray, eng: np.ndarray, sid: np.ndarray, fin: np.nda
             prev, rank, r = f, rank + 1, q
         jumps[e + 1] = n
     # the clocks in a pass of their own (the loop above is long enough as it is: compiled into it,
-    # the sums ran half as fast)
+    # the sums ran half as fast); with `reward`, each completion as it reaches the trainer
+    listed = len(reward) > 0
+    n_done = np.zeros(n_eng, np.int64)
+    m = completed if listed else 0
+    c_sid, c_owner, c_rank, c_time = np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m)
+    q = 0
     for e in range(n_eng):
         t = table[e]
         base_t, slope_t, ds_t = base[t], slope[t], ds[t]
         clock = t0[e]
+        r = rows[e]
         for j in range(jumps[e], jumps[e + 1]):
             starts[j] = clock
             clock = clock + jump_total(base_t, slope_t, ds_t, b[j], s[j], k[j])
             ends[j] = clock
-    return (rows, o_sid, o_fin, o_joined, jumps, b[:n], s[:n], k[:n], ends[:n], starts[:n], done[:n],
-            after[:n], cum[:n], offsets, k_through[:n])
+            if listed:
+                for _ in range(done[j]):
+                    c_sid[q], c_owner[q], c_rank[q], c_time[q] = o_sid[r], e, r - rows[e], clock + reward[e]
+                    q += 1
+                    r += 1
+        n_done[e] = (cum[jumps[e + 1] - 1] if jumps[e + 1] > jumps[e] else offsets[e]) - offsets[e]
+    completions = (n_done, c_sid, c_owner, c_rank, c_time)
+    return completions, (rows, o_sid, o_fin, o_joined, jumps, b[:n], s[:n], k[:n], ends[:n], starts[:n], done[:n],
+                         after[:n], cum[:n], offsets, k_through[:n])
 
 
 @njit(cache=True)
@@ -392,32 +404,6 @@ def admit_rows(owner: np.ndarray, sid: np.ndarray, fin: np.ndarray, joined: np.n
             is_new[r] = True
             r += 1
     return running, head, rest, tokens, all_owner, all_sid, all_fin, all_joined, is_new
-
-
-@njit(cache=True)
-def planned_completions(rows: np.ndarray, jumps: np.ndarray, done: np.ndarray, ends: np.ndarray,
-                        reward: np.ndarray, sid: np.ndarray
-                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """What n engines' plans (sim.planning.FlatPlans) complete: per engine how many samples; and
-    per completion (each engine's first rows, in jump order) its sample, engine, rank among the
-    engine's completions, and when it reaches the trainer (the jump's end plus the reward)."""
-    n = len(rows) - 1
-    n_done = np.zeros(n, np.int64)
-    for e in range(n):
-        for j in range(jumps[e], jumps[e + 1]):
-            n_done[e] += done[j]
-    total = n_done.sum()
-    done_sid, owner, rank = np.empty(total, np.int64), np.empty(total, np.int64), np.empty(total, np.int64)
-    times = np.empty(total)
-    q = 0
-    for e in range(n):
-        r = rows[e]
-        for j in range(jumps[e], jumps[e + 1]):
-            for _ in range(done[j]):
-                done_sid[q], owner[q], rank[q], times[q] = sid[r], e, r - rows[e], ends[j] + reward[e]
-                q += 1
-                r += 1
-    return n_done, done_sid, owner, rank, times
 
 
 @njit(cache=True)
