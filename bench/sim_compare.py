@@ -9,7 +9,7 @@ strings exactly, floats to a relative 1e-9. Usage:
     python bench/sim_compare.py /tmp/base   # or a pickle that `--run FILE` saved in the base tree
 
 With --speed N it times instead: bench/sim_speed.py's 50-step plan in the two trees, one process
-after the other, N rounds of three runs each, and prints each tree's best and median wall and CPU
+after the other, N rounds of three runs each (after a 1-step warm-up in each process), and prints each tree's best and median wall and CPU
 seconds (a shared machine's load drifts: alternating keeps the comparison fair).
 """
 
@@ -131,6 +131,7 @@ def results_of(tree: Path) -> dict[str, Any]:
 TIMING = """
 import json
 from bench.sim_speed import timed
+timed(1, token_level=False)  # the process's first simulation loads the compiled kernels: not measured
 print(json.dumps([timed(50, token_level=False) for _ in range(3)]))
 """
 

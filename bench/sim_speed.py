@@ -4,8 +4,9 @@ Prints wall time, events/s and simulated seconds per wall second for 50 steps of
 (512 prompts x 16 samples, lengths long-tailed up to 16k) on 256 H800 trainer GPUs + 768 H20
 engines; then runs the same plan in the token-level reference mode and the fast path side by
 side for a short horizon and prints the speed-up (the token-level mode at 50 steps would take
-hours). The machine this runs on is shared: --repeat N runs the fast path N times and prints the
-best and the median, wall and CPU (bench/sim_compare.py --speed alternates two trees).
+hours). The machine this runs on is shared: --repeat N runs the fast path N times (after a 1-step
+warm-up that loads the compiled kernels) and prints the best and the median, wall and CPU
+(bench/sim_compare.py --speed alternates two trees).
 Usage: python bench/sim_speed.py [--steps 50] [--ref-steps 1] [--repeat 3]
 """
 
@@ -48,6 +49,10 @@ def main() -> None:
     args = ap.parse_args()
     print(f"plan: {PLAN.total_gpus} GPUs ({PLAN.rollout[0].instances} H20 engines, H800 trainer dp"
           f"{PLAN.trainer.dp}), {WORKLOAD.samples_per_step} samples/step, responses up to 16k")
+    # a process's first simulation loads the compiled kernels (sim.kernels; compiles them after an
+    # install): a one-off cost, timed apart from the runs measured
+    warm = timed(1, token_level=False)[0]
+    print(f"first simulation in this process (loads the compiled kernels), 1 step: {warm:.2f} s")
     runs = [timed(args.steps, token_level=False) for _ in range(max(1, args.repeat))]
     _, sim_s, events, _ = runs[0]  # the same in every run (seeded)
     walls, cpus = sorted(r[0] for r in runs), sorted(r[3] for r in runs)
