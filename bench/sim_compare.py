@@ -9,8 +9,9 @@ strings exactly, floats to a relative 1e-9. Usage:
     python bench/sim_compare.py /tmp/base   # or a pickle that `--run FILE` saved in the base tree
 
 With --speed N it times instead: bench/sim_speed.py's 50-step plan in the two trees, one process
-after the other, N rounds of three runs each (after a 1-step warm-up in each process), and prints each tree's best and median wall and CPU
-seconds (a shared machine's load drifts: alternating keeps the comparison fair).
+after the other, N rounds of three runs each (after a 1-step warm-up in each process), and prints
+each tree's best and median wall and CPU seconds (a shared machine's load drifts: alternating keeps
+the comparison fair).
 """
 
 from __future__ import annotations
