@@ -67,6 +67,31 @@ def test_same_seed_same_result_and_seed_matters() -> None:
     assert simulate(CLUSTER, w, p, CM, steps=4, seed=8).summary() != a.summary()
 
 
+def test_simulate_restores_the_cycle_collector() -> None:
+    """A fast-path run holds Python's cyclic collector off and puts it back as it was, also when the
+    run stops on bad input; and it leaves nothing of its own for the collector to keep growing."""
+    import gc
+
+    w, p = _workload(LONGTAIL), _plan()
+    was = gc.isenabled()
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            simulate(CLUSTER, w, p, CM, steps=2, seed=1)
+            assert gc.isenabled() == enabled
+            with pytest.raises(SpecError, match="samples"):
+                simulate(CLUSTER, w.model_copy(update={"prompts_per_step": 1_000_000}), p, CM, steps=20)
+            assert gc.isenabled() == enabled
+        gc.enable()
+        gc.collect()
+        simulate(CLUSTER, w, p, CM, steps=2, seed=1)
+        cycles_short = gc.collect()
+        simulate(CLUSTER, w, p, CM, steps=8, seed=1)
+        assert gc.collect() < 2 * cycles_short + 1000  # its cycles do not grow with the run's length
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
 @st.composite
 def _cases(draw: st.DrawFn) -> tuple[Cluster, Workload, Plan, int]:
     gen = draw(st.sampled_from(["H20", "L40S", "A100-80G", "H100"]))
