@@ -28,7 +28,7 @@ from sim.bulk import Loading, Parked
 from sim.clock import timeout_at
 from sim.controller import Controller
 from sim.costs import DecodeTable, PrefillCurve, stack_of
-from sim.kernels import admissible, admit_rows, split_stopped, stop_parked, stop_rows
+from sim.kernels import admissible, admit_rows, reload_rows, split_stopped, stop_parked, stop_rows
 from sim.pending import Chunk
 from sim.planning import Batch, Cut, Plan, Request, cut_many, plan_first_jump, plan_flat, plan_many
 from sim.recorder import Recorder
@@ -503,10 +503,8 @@ class Fleet:
         gidx = g.engines
         self.rec.fleet_intervals(self._names, self._groups, "weight_load", gidx, g.start, np.full(len(gidx), now),
                                  np.full(len(gidx), version), sizes)
-        tokens = g.progress[g.owner] - g.joined
-        s.credit(g.sid, g.version[g.owner], tokens)
-        s.generated[g.sid] += tokens
-        g.joined = g.progress[g.owner]
+        tokens, old = reload_rows(g.owner, g.sid, g.joined, g.progress, g.version, s.generated)
+        s.credit(g.sid, old, tokens)
         g.version = np.full(len(gidx), version)
         self.controller.request_dispatch()
         self.rec.count(int((sizes == 0).sum()))

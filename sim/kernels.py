@@ -13,7 +13,7 @@ seconds once per install).
   planning       engine_keys, plan_sorted        (sim.planning.plan_flat)
   fleet passes   admissible, admit_rows, stop_parked, stop_rows,
                  split_stopped                   (sim.engine.Fleet)
-  waiting loads  group_by_owner                  (sim.bulk.Loading)
+  weight loads   group_by_owner (sim.bulk.Loading), reload_rows (sim.engine.Fleet._load_group)
   completions    file_entries, take_due, live_entries, compact_pool  (sim.pending.Pending)
   one engine     first_jump                      (sim.planning.plan_first_jump)
   routing        route_few, water_fill_kernel    (sim.controller)
@@ -695,3 +695,20 @@ def compact_pool(times: np.ndarray, sids: np.ndarray, versions: np.ndarray, part
             times[m], sids[m], versions[m], parts[m], ranks[m] = times[i], sids[i], versions[i], parts[i], ranks[i]
             m += 1
     return m
+
+
+@njit(cache=True)
+def reload_rows(owner: np.ndarray, sid: np.ndarray, joined: np.ndarray, progress: np.ndarray, version: np.ndarray,
+                generated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """sim.engine.Fleet._load_group's pass over the running rows of engines that load new weights:
+    each sample's tokens since it joined were made by its engine's old version (returned, with
+    that version, for Samples.credit), count as generated (their KV is recomputed), and it joins
+    again at its engine's progress (`joined` updated in place, as `generated`)."""
+    tokens, old = np.empty(len(sid), np.int64), np.empty(len(sid), np.int64)
+    for r in range(len(sid)):
+        e = owner[r]
+        tokens[r] = progress[e] - joined[r]
+        old[r] = version[e]
+        generated[sid[r]] += tokens[r]
+        joined[r] = progress[e]
+    return tokens, old
