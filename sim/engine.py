@@ -28,7 +28,7 @@ from sim.bulk import Loading, Parked
 from sim.clock import timeout_at
 from sim.controller import Controller
 from sim.costs import DecodeTable, PrefillCurve, stack_of
-from sim.kernels import admissible, admit_rows, reload_rows, split_stopped, stop_parked, stop_rows
+from sim.kernels import admissible, admit_rows, phases_done, reload_rows, split_stopped, stop_parked, stop_rows
 from sim.pending import Chunk
 from sim.planning import Batch, Cut, Plan, Request, cut_many, plan_first_jump, plan_flat, plan_many
 from sim.recorder import Recorder
@@ -474,22 +474,11 @@ class Fleet:
     def _record_phases(self, p: Parked, which: np.ndarray, now: float, final: bool = False) -> None:
         """Record the re-prefills and prefills of engines `which` that have happened by now (all of
         an engine's or none, unless `final`: the run ends)."""
-        which = which[p.phases_open[which] & (final | (now >= p.t0[which]))]
-        if not len(which):
-            return
-        gidx = p.engines
-        re = which[p.reprefill_end[which] <= now]
-        start = p.seg_start[re]
-        self.rec.fleet_intervals(self._names, self._groups, "reprefill", gidx[re], start, p.reprefill_end[re],
-                                 p.version[re], p.n_pre[re])
-        pre = which[p.prefill_end[which] <= now]
-        begin = np.where(np.isnan(p.reprefill_end[pre]), p.seg_start[pre], p.reprefill_end[pre])
-        self.rec.fleet_intervals(self._names, self._groups, "prefill", gidx[pre], begin, p.prefill_end[pre],
-                                 p.version[pre], p.n_new[pre])
-        self.rec.count(len(re) + len(pre))
-        # an engine with a re-prefill still to end stays open (it has nothing else to record)
-        done = which[~(p.reprefill_end[which] > now) & ~(p.prefill_end[which] > now)]
-        p.phases_open[done] = False
+        re, pre = phases_done(which, p.phases_open, p.t0, p.reprefill_end, p.prefill_end, p.seg_start, p.engines,
+                              p.version, p.n_pre, p.n_new, now, final)
+        self.rec.fleet_intervals(self._names, self._groups, "reprefill", *re)
+        self.rec.fleet_intervals(self._names, self._groups, "prefill", *pre)
+        self.rec.count(len(re[0]) + len(pre[0]))
 
     def _load_group(self, g: Loading, request: tuple[int, float]) -> None:
         """`Engine._load_weights` and `_after_load` for engines that waited as arrays."""

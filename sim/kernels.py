@@ -11,7 +11,7 @@ seconds once per install).
   decode sums    jump_total(s), stop_after       (sim.costs.DecodeTable, DecodeStack)
   prefill        prefill_one, prefill_many       (sim.costs.PrefillCurve)
   planning       engine_keys, plan_sorted        (sim.planning.plan_flat)
-  fleet passes   admissible, admit_rows, stop_parked, stop_rows,
+  fleet passes   admissible, admit_rows, stop_parked, stop_rows, phases_done,
                  split_stopped                   (sim.engine.Fleet)
   weight loads   group_by_owner (sim.bulk.Loading), reload_rows (sim.engine.Fleet._load_group)
   completions    file_entries, take_due, live_entries, compact_pool  (sim.pending.Pending)
@@ -712,3 +712,44 @@ def reload_rows(owner: np.ndarray, sid: np.ndarray, joined: np.ndarray, progress
         generated[sid[r]] += tokens[r]
         joined[r] = progress[e]
     return tokens, old
+
+
+@njit(cache=True)
+def phases_done(which: np.ndarray, phases_open: np.ndarray, t0: np.ndarray, reprefill_end: np.ndarray,
+                prefill_end: np.ndarray, seg_start: np.ndarray, engines: np.ndarray, version: np.ndarray,
+                n_pre: np.ndarray, n_new: np.ndarray, now: float, final: bool
+                ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+                           tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """sim.engine.Fleet._record_phases for parked engines `which` (local indices): the re-prefills,
+    then the prefills, that have ended by `now` among engines whose phases are still open and that
+    decode by now (or all of them, `final`), as timeline rows (fleet index, start, end, version,
+    samples); an engine with nothing left to end is closed (phases_open updated in place)."""
+    keep = np.zeros(len(which), np.bool_)
+    n_re = n_pre_rows = 0
+    for q in range(len(which)):
+        i = which[q]
+        if phases_open[i] and (final or now >= t0[i]):
+            keep[q] = True
+            n_re += reprefill_end[i] <= now
+            n_pre_rows += prefill_end[i] <= now
+    re = (np.empty(n_re, np.int64), np.empty(n_re), np.empty(n_re), np.empty(n_re, np.int64),
+          np.empty(n_re, np.int64))
+    pre = (np.empty(n_pre_rows, np.int64), np.empty(n_pre_rows), np.empty(n_pre_rows), np.empty(n_pre_rows, np.int64),
+           np.empty(n_pre_rows, np.int64))
+    a = c = 0
+    for q in range(len(which)):
+        if not keep[q]:
+            continue
+        i = which[q]
+        if reprefill_end[i] <= now:
+            re[0][a], re[3][a], re[4][a] = engines[i], version[i], n_pre[i]
+            re[1][a], re[2][a] = seg_start[i], reprefill_end[i]
+            a += 1
+        if prefill_end[i] <= now:
+            pre[0][c], pre[3][c], pre[4][c] = engines[i], version[i], n_new[i]
+            pre[1][c] = seg_start[i] if np.isnan(reprefill_end[i]) else reprefill_end[i]  # after the re-prefill
+            pre[2][c] = prefill_end[i]
+            c += 1
+        if not reprefill_end[i] > now and not prefill_end[i] > now:
+            phases_open[i] = False
+    return re, pre
