@@ -129,7 +129,7 @@ class Controller(ControllerBase):
         self.buffered_by: Counter[int] = Counter()
         self.buffered = 0
         self.engines: list[Worker] = []
-        self.pending = Pending()
+        self.pending = Pending(samples.start_version)
         self.on_buffer: Callable[[], None] = lambda: None  # the trainer's wake-up
         # while the trainer waits for step `_watch_step`: start version L -> how many more samples of
         # versions <= L must be buffered before that step is ready (see `watch`)
@@ -228,13 +228,13 @@ class Controller(ControllerBase):
     # ---- completions --------------------------------------------------------------------------
     def plan(self, times: np.ndarray, sids: np.ndarray) -> Chunk:
         """An engine will complete `sids` (into the buffer) at `times`, unless it cuts the plan."""
-        chunk = self.pending.add(times, sids, self.samples.start_version[sids])
+        chunk = self.pending.add(times, sids)
         self._retime_soon()
         return chunk
 
     def plan_parts(self, times: np.ndarray, sids: np.ndarray, owner: np.ndarray, ranks: np.ndarray, n: int) -> int:
         """Completions of n engines planned together (see Pending.add_parts): the first part's id."""
-        first = self.pending.add_parts(times, sids, self.samples.start_version[sids], owner, ranks, n)
+        first = self.pending.add_parts(times, sids, owner, ranks, n)
         self._retime_soon()
         return first
 

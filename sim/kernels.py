@@ -668,16 +668,17 @@ def group_by_owner(owner: np.ndarray, sid: np.ndarray, n: int) -> tuple[np.ndarr
 
 @njit(cache=True)
 def file_entries(times_buf: np.ndarray, sid_buf: np.ndarray, version_buf: np.ndarray, part_buf: np.ndarray,
-                 rank_buf: np.ndarray, at: int, times: np.ndarray, sids: np.ndarray, versions: np.ndarray,
+                 rank_buf: np.ndarray, at: int, times: np.ndarray, sids: np.ndarray, start_version: np.ndarray,
                  first_part: int, owner: np.ndarray, ranks: np.ndarray) -> float:
     """sim.pending.Pending's filing: entries written into the pool's buffers from `at` on, entry i
-    number ranks[i] of part first_part + owner[i] (empty owner: all of part first_part, ranked in
-    order). Returns the earliest time filed."""
+    (sample sids[i], start version start_version[sids[i]]) number ranks[i] of part
+    first_part + owner[i] (empty owner: all of part first_part, ranked in order). Returns the
+    earliest time filed."""
     one_part = len(owner) == 0
     earliest = np.inf
     for i in range(len(times)):
         q = at + i
-        times_buf[q], sid_buf[q], version_buf[q] = times[i], sids[i], versions[i]
+        times_buf[q], sid_buf[q], version_buf[q] = times[i], sids[i], start_version[sids[i]]
         part_buf[q] = first_part if one_part else first_part + owner[i]
         rank_buf[q] = i if one_part else ranks[i]
         earliest = min(earliest, times[i])

@@ -33,7 +33,8 @@ class Chunk:
 
 
 class Pending:
-    def __init__(self) -> None:
+    def __init__(self, start_version: np.ndarray) -> None:
+        self.start_version = start_version  # [sample id]: the version it started under (set before it is filed)
         # the pool: the first `_n` entries of buffers with room to grow (a filing writes its entries
         # after them, not a copy of the whole pool); `_times` and the others are views of them.
         # Per entry: when (inf once delivered), sample id, start version, part, rank in its part
@@ -56,22 +57,21 @@ class Pending:
             self._limit = grown
         return first
 
-    def add(self, times: np.ndarray, sids: np.ndarray, versions: np.ndarray) -> Chunk:
+    def add(self, times: np.ndarray, sids: np.ndarray) -> Chunk:
         """One engine's completions: one part."""
         part = self._new_parts(1)
-        self._file(times, sids, versions, part, EMPTY, EMPTY)
+        self._file(times, sids, part, EMPTY, EMPTY)
         return Chunk(part)
 
-    def add_parts(self, times: np.ndarray, sids: np.ndarray, versions: np.ndarray, owner: np.ndarray,
-                  ranks: np.ndarray, n: int) -> int:
+    def add_parts(self, times: np.ndarray, sids: np.ndarray, owner: np.ndarray, ranks: np.ndarray, n: int) -> int:
         """Completions of n engines at once: entry i is number ranks[i] of part owner[i] (0..n-1).
         Returns the first part's id (the others follow)."""
         first = self._new_parts(n)
-        self._file(times, sids, versions, first, owner, ranks)
+        self._file(times, sids, first, owner, ranks)
         return first
 
-    def _file(self, times: np.ndarray, sids: np.ndarray, versions: np.ndarray, first_part: int, owner: np.ndarray,
-              ranks: np.ndarray) -> None:
+    def _file(self, times: np.ndarray, sids: np.ndarray, first_part: int, owner: np.ndarray, ranks: np.ndarray
+              ) -> None:
         """Entry i is number ranks[i] of part first_part + owner[i] (no owner: all of one part, in order)."""
         if not len(times):
             return
@@ -84,7 +84,7 @@ class Pending:
                 new[:n] = old[:n]
             self._buffers = grown
         earliest = file_entries(*self._buffers, n, np.asarray(times, np.float64), np.asarray(sids, np.int64),
-                                np.asarray(versions, np.int64), first_part, np.asarray(owner, np.int64),
+                                self.start_version, first_part, np.asarray(owner, np.int64),
                                 np.asarray(ranks, np.int64))
         self._n = n + k
         self._view()

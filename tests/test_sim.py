@@ -468,7 +468,8 @@ def test_pending_pool_answers_as_a_sorted_index_would() -> None:
     from sim.pending import Pending
 
     rng = np.random.default_rng(3)
-    pending, live = Pending(), {}  # sid -> (time, version) of what should still be in
+    start_version = np.zeros(1000, np.int64)
+    pending, live = Pending(start_version), {}  # sid -> (time, version) of what should still be in
     sid = 0
     for _ in range(30):
         n_parts = int(rng.integers(1, 6))
@@ -478,7 +479,8 @@ def test_pending_pool_answers_as_a_sorted_index_would() -> None:
         times = np.round(rng.uniform(0, 50, len(owner)), 1)  # ties on purpose
         sids, versions = np.arange(sid, sid + len(owner)), rng.integers(0, 4, len(owner))
         sid += len(owner)
-        first = pending.add_parts(times, sids, versions, owner, ranks, n_parts)
+        start_version[sids] = versions
+        first = pending.add_parts(times, sids, owner, ranks, n_parts)
         live.update({int(s): (float(t), int(v)) for s, t, v in zip(sids, times, versions, strict=True)})
         keep = rng.integers(0, 9, n_parts)  # cut some parts back
         pending.cut_parts(first + np.arange(n_parts), keep)
