@@ -18,6 +18,7 @@ seconds once per install).
   one engine     first_jump                      (sim.planning.plan_first_jump)
   routing        route_few, water_fill_kernel    (sim.controller)
   staleness      tally_lags                      (sim.samples.Samples.staleness_tokens)
+  busy time      add_busy                        (sim.recorder.Recorder)
 """
 
 from __future__ import annotations
@@ -754,3 +755,21 @@ def phases_done(which: np.ndarray, phases_open: np.ndarray, t0: np.ndarray, repr
         if not reprefill_end[i] > now and not prefill_end[i] > now:
             phases_open[i] = False
     return re, pre
+
+
+@njit(cache=True)
+def add_busy(acc: np.ndarray, touched: np.ndarray, idx: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+             part: np.ndarray) -> None:
+    """sim.recorder.Recorder's busy time for one array of intervals of several resources: each
+    resource's lengths summed in the order filed from 0.0 (as np.bincount adds its weights), then
+    that sum added to acc (in place), and the resource marked touched when the sum is not 0.
+    `part` is scratch space of acc's length, all NaN (it is left so)."""
+    for i in range(len(idx)):
+        r = idx[i]
+        part[r] = (ends[i] - starts[i]) if np.isnan(part[r]) else part[r] + (ends[i] - starts[i])
+    for i in range(len(idx)):
+        r = idx[i]
+        if not np.isnan(part[r]):
+            acc[r] += part[r]
+            touched[r] |= part[r] != 0
+            part[r] = np.nan

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.kernels import add_busy
 from traces import SpecError
 
 MAX_EVENTS = 20_000_000  # a bound on any one simulation, so bad input cannot hang it
@@ -112,15 +113,14 @@ class Recorder:
         list of names (element-wise additions in the same order as one resource at a time)."""
         chunks = self.fleet_chunks[self._fleet_summed:]
         self._fleet_summed = len(self.fleet_chunks)
-        sums: dict[int, tuple[list[str], np.ndarray, np.ndarray]] = {}
+        sums: dict[int, tuple[list[str], np.ndarray, np.ndarray, np.ndarray]] = {}
         for names, _, _, idx, starts, ends, _, _ in chunks:
             if id(names) not in sums:
-                sums[id(names)] = (names, np.array([float(self._busy[n]) for n in names]), np.zeros(len(names), bool))
-            _, acc, touched = sums[id(names)]
-            totals = np.bincount(idx, weights=ends - starts, minlength=len(names))
-            acc += totals  # adding 0.0 where a resource has no interval here changes nothing
-            touched |= totals != 0
-        for names, acc, touched in sums.values():
+                sums[id(names)] = (names, np.array([float(self._busy[n]) for n in names]), np.zeros(len(names), bool),
+                                   np.full(len(names), np.nan))
+            _, acc, touched, scratch = sums[id(names)]
+            add_busy(acc, touched, idx, starts, ends, scratch)
+        for names, acc, touched, _ in sums.values():
             for i in np.flatnonzero(touched).tolist():
                 self._busy[names[i]] = float(acc[i])
 
