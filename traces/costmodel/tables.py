@@ -14,8 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.interpolate import LinearNDInterpolator
-from scipy.spatial import QhullError, cKDTree
 
 from traces.errors import SpecError
 from traces.hardware import get_gpu
@@ -120,6 +118,8 @@ class ProfileTable:
         query = np.log(np.maximum(np.stack([np.asarray(axes[n], float) for n in names], axis=-1), 1.0))
         flat = query.reshape(-1, len(names))
         seconds = np.exp(_interpolate(pts, vals, flat)).reshape(query.shape[:-1])
+        from scipy.spatial import cKDTree  # here, not at import: scipy's spatial and interpolate take ~0.4 s
+
         _, idx = cKDTree(pts).query(flat)
         nearest = {n: grouped[n].to_numpy(dtype=float)[idx].reshape(query.shape[:-1]) for n in names}
         return Lookup(seconds, nearest, grouped["seconds"].to_numpy(dtype=float)[idx].reshape(query.shape[:-1]))
@@ -135,6 +135,9 @@ def _interpolate(pts: np.ndarray, vals: np.ndarray, query: np.ndarray) -> np.nda
         free = 1 - fixed
         out = _interp_1d(pts[:, [free]], vals, query[:, [free]])
         return np.where(np.isclose(query[:, fixed], pts[0, fixed]), out, np.nan)
+    from scipy.interpolate import LinearNDInterpolator  # imported when first needed (see ProfileTable.lookup)
+    from scipy.spatial import QhullError
+
     try:
         return LinearNDInterpolator(pts, vals)(query)
     except QhullError:
