@@ -28,6 +28,7 @@ class DecodeTable:
     # sums iterations at every completion
     base_arr: np.ndarray = field(init=False, repr=False, compare=False)
     slope_arr: np.ndarray = field(init=False, repr=False, compare=False)
+    stack: DecodeStack = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # element-wise IEEE arithmetic in the scalar formulas' order, so the same bits as Python floats:
@@ -38,6 +39,8 @@ class DecodeTable:
         base_arr = rows[:, :-1] - slope_arr * cells * self.ds
         object.__setattr__(self, "base_arr", base_arr)
         object.__setattr__(self, "slope_arr", slope_arr)
+        # itself as a stack of one, for the compiled passes (an engine's cut, at every interrupt)
+        object.__setattr__(self, "stack", DecodeStack(base_arr[None], slope_arr[None], np.array([self.ds])))
 
     @classmethod
     def build(
@@ -62,7 +65,7 @@ class DecodeTable:
                    ) -> tuple[np.ndarray, np.ndarray]:
         """Jumps in progress `elapsed` seconds after they started, stopped after their current
         iteration (one that started at `elapsed` runs one iteration): (iterations run, seconds left)."""
-        return stack_of([self])[0].stop_after(np.zeros(len(k), np.int64), b, s0, k, elapsed)
+        return self.stack.stop_after(np.zeros(len(k), np.int64), b, s0, k, elapsed)
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,8 +94,7 @@ def stack_of(tables: Sequence[DecodeTable]) -> tuple[DecodeStack, np.ndarray]:
 @lru_cache(maxsize=32)  # keyed by identity (DecodeTable compares so): a fleet's few kinds, stacked once
 def _stack(tables: tuple[DecodeTable, ...]) -> DecodeStack:
     if len(tables) == 1:
-        t = tables[0]
-        return DecodeStack(t.base_arr[None], t.slope_arr[None], np.array([t.ds]))
+        return tables[0].stack
     rows = max(t.base_arr.shape[0] for t in tables)
     cells = tables[0].base_arr.shape[1]  # the last cell extends to infinity: every table has as many
     assert all(t.base_arr.shape[1] == cells for t in tables), "decode tables on different grids"

@@ -826,8 +826,8 @@ class Engine:
 
     def _run(self, sg: Segment) -> Generator[simpy.Event, Any, bool]:
         """Carry out a segment; an update arriving during a prefill voids the rest. False: idle."""
-        if sg.plan is not None and sg.plan.done.any():
-            n = int(sg.plan.done.sum())
+        n = int(sg.plan.done.sum()) if sg.plan is not None else 0
+        if n:
             sg.plan.chunk = self.controller.plan(np.repeat(sg.plan.ends, sg.plan.done) + self.reward_seconds,
                                                  sg.plan.batch.sid[:n])
         if sg.quiet and sg.plan is not None:

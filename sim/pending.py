@@ -94,7 +94,11 @@ class Pending:
     def cut(self, chunk: Chunk, keep: int) -> None:
         """The plan behind `chunk` stopped early: only its first `keep` completions happen (those
         cut off were due after now, so none of them has been delivered)."""
-        self.cut_parts(np.array([chunk.part]), np.array([keep]))
+        part = chunk.part  # one engine's plan, cut at every interrupt: no arrays for one number
+        if keep < self._limit[part]:
+            self._limit[part] = keep
+            self._cuts += 1
+            self._live = None
 
     def cut_parts(self, parts: np.ndarray, keep: np.ndarray) -> None:
         """`cut` for many parts at once."""
@@ -118,8 +122,9 @@ class Pending:
 
     def _view(self) -> None:
         """Point the column names at the pool's entries."""
-        n = self._n
-        self._times, self._sids, self._versions, self._parts, self._ranks = (b[:n] for b in self._buffers)
+        n, (times, sids, versions, parts, ranks) = self._n, self._buffers
+        self._times, self._sids, self._versions, self._parts, self._ranks = (
+            times[:n], sids[:n], versions[:n], parts[:n], ranks[:n])
 
     def due(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Take out the completions at or before `now`: their sample ids grouped by start version
