@@ -14,7 +14,7 @@ LIMIT_S = 120
 
 
 def test_notebooks_are_found_and_committed_without_outputs() -> None:
-    assert {p.stem for p in NOTEBOOKS} >= {"fleet_what_if", "staleness_and_modes", "cost_pareto"}
+    assert {p.stem for p in NOTEBOOKS} >= {"fleet_what_if", "staleness_and_modes", "cost_pareto", "validate"}
     for path in NOTEBOOKS:
         nb = nbformat.read(path, as_version=4)
         assert all(not c.get("outputs") and not c.get("execution_count") for c in nb.cells if c.cell_type == "code")
