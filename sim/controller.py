@@ -32,6 +32,7 @@ import simpy
 from sim.clock import timeout_at
 from sim.kernels import route_few, water_fill_kernel
 from sim.pending import Chunk, Pending
+from sim.planning import FlatPlans
 from sim.recorder import Recorder
 from sim.samples import Samples
 from traces.staleness import allowance, batch_levels, batch_ready, shortfalls
@@ -231,6 +232,12 @@ class Controller(ControllerBase):
         chunk = self.pending.add(times, sids)
         self._retime_soon()
         return chunk
+
+    def plan_flat(self, plans: FlatPlans, reward: np.ndarray) -> int:
+        """What n engines planning together complete (see Pending.add_plans): the first part's id."""
+        first = self.pending.add_plans(plans, reward)
+        self._retime_soon()
+        return first
 
     def plan_parts(self, times: np.ndarray, sids: np.ndarray, owner: np.ndarray, ranks: np.ndarray, n: int) -> int:
         """Completions of n engines planned together (see Pending.add_parts): the first part's id."""

@@ -319,11 +319,11 @@ class Fleet:
         t0 = np.where(has_new, prefill_end, after)
         context1 = context + tokens
         flat = plan_flat(all_owner, all_sid, all_fin, all_joined, progress, context1, t0, self._kv[idx], rest > 0,
-                         self._stack, self._table_of[idx], self.exit_tokens, self._reward[idx])
+                         self._stack, self._table_of[idx], self.exit_tokens)
         is_new = is_new[flat.order]
-        c = flat.completions  # each engine's first rows, at the ends of their jumps (plus the reward)
-        first_part = self.controller.plan_parts(c.times, c.sid, c.owner, c.rank, n)
-        idle_end = (c.n_done == np.diff(flat.rows)) & (rest == 0)
+        # completions: each engine's first rows, at the ends of their jumps (plus the reward)
+        first_part = self.controller.plan_flat(flat, self._reward[idx])
+        idle_end = (flat.n_done == np.diff(flat.rows)) & (rest == 0)
         p = Parked(idx, np.ones(n, bool), version, progress, context, context1, np.full(n, now), reprefill_end,
                    prefill_end, running, head, np.ones(n, bool), is_new, rest, idle_end, flat, t0, first_part)
         self.parked = [q for q in self.parked if q.alive.any()] + [p]

@@ -14,7 +14,7 @@ seconds once per install).
   fleet passes   admissible, admit_rows, stop_parked, stop_rows, phases_done,
                  split_stopped                   (sim.engine.Fleet)
   weight loads   group_by_owner (sim.bulk.Loading), reload_rows (sim.engine.Fleet._load_group)
-  completions    file_entries, take_due, live_entries, compact_pool  (sim.pending.Pending)
+  completions    file_entries, file_plans, take_due, live_entries, compact_pool  (sim.pending.Pending)
   one engine     first_jump                      (sim.planning.plan_first_jump)
   routing        route_few, water_fill_kernel    (sim.controller)
   staleness      tally_lags                      (sim.samples.Samples.staleness_tokens)
@@ -99,16 +99,15 @@ def engine_keys(eng: np.ndarray, fin: np.ndarray, sid: np.ndarray, progress: np.
 @njit(cache=True)
 def plan_sorted(order: np.ndarray, eng: np.ndarray, sid: np.ndarray, fin: np.ndarray, joined: np.ndarray,
                 exit_tokens: np.ndarray, progress: np.ndarray, context: np.ndarray, kv: np.ndarray, stop: np.ndarray,
-                t0: np.ndarray, base: np.ndarray, slope: np.ndarray, ds: np.ndarray, table: np.ndarray,
-                reward: np.ndarray) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+                t0: np.ndarray, base: np.ndarray, slope: np.ndarray, ds: np.ndarray, table: np.ndarray
+                ) -> tuple[np.ndarray, ...]:
     """sim.planning.plan_flat once its rows' order by (engine, finish, sid) is known: the rows in
     that order, and each engine's jumps, one per distinct finishing point, b running for k
     iterations from total context s, kept while the KV cache holds (only the first when the engine
     stops at its first completion; a first jump that overflows runs alone up to the overflow).
     Each jump's seconds are `jump_total` on its engine's table (base[t], slope[t], ds[t] with
     t = table[engine]), and its clock a sequential sum from the engine's t0, as chained timeouts
-    would give. Returns what the plans complete (sim.planning.Completions: listed one by one only
-    with a `reward` per engine) and the fields of sim.planning.FlatPlans, in its order, but `order`."""
+    would give. Returns the fields of sim.planning.FlatPlans, in its order, but `order`."""
     n_rows, n_eng = len(order), len(progress)
     rows = np.zeros(n_eng + 1, np.int64)
     for r in range(n_rows):
@@ -159,30 +158,19 @@ def plan_sorted(order: np.ndarray, eng: np.ndarray, sid: np.ndarray, fin: np.nda
             prev, rank, r = f, rank + 1, q
         jumps[e + 1] = n
     # the clocks in a pass of their own (the loop above is long enough as it is: compiled into it,
-    # the sums ran half as fast); with `reward`, each completion as it reaches the trainer
-    listed = len(reward) > 0
+    # the sums ran half as fast)
     n_done = np.zeros(n_eng, np.int64)
-    m = completed if listed else 0
-    c_sid, c_owner, c_rank, c_time = np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m)
-    q = 0
     for e in range(n_eng):
         t = table[e]
         base_t, slope_t, ds_t = base[t], slope[t], ds[t]
         clock = t0[e]
-        r = rows[e]
         for j in range(jumps[e], jumps[e + 1]):
             starts[j] = clock
             clock = clock + jump_total(base_t, slope_t, ds_t, b[j], s[j], k[j])
             ends[j] = clock
-            if listed:
-                for _ in range(done[j]):
-                    c_sid[q], c_owner[q], c_rank[q], c_time[q] = o_sid[r], e, r - rows[e], clock + reward[e]
-                    q += 1
-                    r += 1
         n_done[e] = (cum[jumps[e + 1] - 1] if jumps[e + 1] > jumps[e] else offsets[e]) - offsets[e]
-    completions = (n_done, c_sid, c_owner, c_rank, c_time)
-    return completions, (rows, o_sid, o_fin, o_joined, jumps, b[:n], s[:n], k[:n], ends[:n], starts[:n], done[:n],
-                         after[:n], cum[:n], offsets, k_through[:n])
+    return (rows, o_sid, o_fin, o_joined, jumps, b[:n], s[:n], k[:n], ends[:n], starts[:n], done[:n], after[:n],
+            cum[:n], offsets, k_through[:n], n_done)
 
 
 @njit(cache=True)
@@ -683,6 +671,28 @@ def file_entries(times_buf: np.ndarray, sid_buf: np.ndarray, version_buf: np.nda
         part_buf[q] = first_part if one_part else first_part + owner[i]
         rank_buf[q] = i if one_part else ranks[i]
         earliest = min(earliest, times[i])
+    return earliest
+
+
+@njit(cache=True)
+def file_plans(times_buf: np.ndarray, sid_buf: np.ndarray, version_buf: np.ndarray, part_buf: np.ndarray,
+               rank_buf: np.ndarray, at: int, rows: np.ndarray, jumps: np.ndarray, done: np.ndarray, ends: np.ndarray,
+               sid: np.ndarray, reward: np.ndarray, start_version: np.ndarray, first_part: int) -> float:
+    """`file_entries` for what n engines' plans complete (sim.planning.FlatPlans: engine e's first
+    rows, in jump order, each at its jump's end plus the engine's reward latency), as part
+    first_part + e, ranked in order. Returns the earliest time filed."""
+    earliest = np.inf
+    q = at
+    for e in range(len(rows) - 1):
+        r = rows[e]
+        for j in range(jumps[e], jumps[e + 1]):
+            t = ends[j] + reward[e]
+            for _ in range(done[j]):
+                times_buf[q], sid_buf[q], version_buf[q] = t, sid[r], start_version[sid[r]]
+                part_buf[q], rank_buf[q] = first_part + e, r - rows[e]
+                earliest = min(earliest, t)
+                q += 1
+                r += 1
     return earliest
 
 

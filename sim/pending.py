@@ -15,9 +15,14 @@ entries are marked (their time set to infinity) and dropped, with cut ones, at t
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from sim.kernels import compact_pool, file_entries, live_entries, take_due
+from sim.kernels import compact_pool, file_entries, file_plans, live_entries, take_due
+
+if TYPE_CHECKING:  # sim.planning imports this module (Chunk)
+    from sim.planning import FlatPlans
 
 EMPTY = np.empty(0, np.int64)
 NO_LIMIT = np.iinfo(np.int64).max
@@ -70,23 +75,43 @@ class Pending:
         self._file(times, sids, first, owner, ranks)
         return first
 
+    def add_plans(self, plans: FlatPlans, reward: np.ndarray) -> int:
+        """What n engines' plans complete (each engine's first rows, in jump order, at its jump's end
+        plus reward[e]): part e of the n is engine e's. Returns the first part's id."""
+        first = self._new_parts(len(plans.n_done))
+        k = int(plans.n_done.sum())
+        at = self._room_for(k)
+        if at is not None:
+            self._filed(at, k, file_plans(
+                *self._buffers, at, plans.rows, plans.jumps, plans.done, plans.ends, plans.sid,
+                np.asarray(reward, np.float64), self.start_version, first))
+        return first
+
     def _file(self, times: np.ndarray, sids: np.ndarray, first_part: int, owner: np.ndarray, ranks: np.ndarray
               ) -> None:
         """Entry i is number ranks[i] of part first_part + owner[i] (no owner: all of one part, in order)."""
-        if not len(times):
-            return
+        at = self._room_for(len(times))
+        if at is not None:
+            self._filed(at, len(times), file_entries(
+                *self._buffers, at, np.asarray(times, np.float64), np.asarray(sids, np.int64), self.start_version,
+                first_part, np.asarray(owner, np.int64), np.asarray(ranks, np.int64)))
+
+    def _room_for(self, k: int) -> int | None:
+        """Where k new entries go (the pool compacted and grown as needed); None for no entries."""
+        if not k:
+            return None
         self._compact()
-        n, k = self._n, len(times)
+        n = self._n
         if n + k > len(self._buffers[0]):  # twice the room
             room = max(2 * len(self._buffers[0]), n + k, 1024)
             grown = tuple(np.empty(room, b.dtype) for b in self._buffers)
             for old, new in zip(self._buffers, grown, strict=True):
                 new[:n] = old[:n]
             self._buffers = grown
-        earliest = file_entries(*self._buffers, n, np.asarray(times, np.float64), np.asarray(sids, np.int64),
-                                self.start_version, first_part, np.asarray(owner, np.int64),
-                                np.asarray(ranks, np.int64))
-        self._n = n + k
+        return n
+
+    def _filed(self, at: int, k: int, earliest: float) -> None:
+        self._n = at + k
         self._view()
         self._live = None
         self._next = min(self._next, earliest)

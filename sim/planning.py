@@ -79,19 +79,6 @@ class Request:
 
 
 @dataclass(slots=True)
-class Completions:
-    """What plans complete: per engine how many samples; per completion (each engine's first rows,
-    in jump order) its sample, engine, rank among the engine's completions, and when it reaches the
-    trainer (its jump's end plus the engine's reward latency)."""
-
-    n_done: np.ndarray
-    sid: np.ndarray
-    owner: np.ndarray
-    rank: np.ndarray
-    times: np.ndarray
-
-
-@dataclass(slots=True)
 class FlatPlans:
     """The plans of many engines as one set of arrays (engine e owns rows[e]:rows[e+1] of the
     running samples, sorted by (finish, sid), and jumps[e]:jumps[e+1] of the jumps)."""
@@ -111,8 +98,8 @@ class FlatPlans:
     cum: np.ndarray  # samples completed by jumps 0..j, counted across engines
     offsets: np.ndarray  # [E]: cum before each engine's first jump
     k_through: np.ndarray
+    n_done: np.ndarray  # [E]: samples each engine's plan completes (its first rows)
     order: np.ndarray  # rows[r] is input sample order[r]
-    completions: Completions  # listed one by one when plan_flat was given each engine's reward
 
     def plan(self, e: int, t0: float) -> Plan:
         """Engine e's plan on its own."""
@@ -150,22 +137,19 @@ def _by_engine(eng: np.ndarray, fin: np.ndarray, sid: np.ndarray, progress: np.n
 
 def plan_flat(eng: np.ndarray, sid: np.ndarray, fin: np.ndarray, joined: np.ndarray, progress: np.ndarray,
               context: np.ndarray, t0: np.ndarray, kv: np.ndarray, stop: np.ndarray, stack: DecodeStack,
-              table: np.ndarray, exit_tokens: np.ndarray, reward: np.ndarray | None = None) -> FlatPlans:
+              table: np.ndarray, exit_tokens: np.ndarray) -> FlatPlans:
     """Jumps from completion to completion while each engine's KV cache holds.
 
     Engine e runs the samples with eng == e (in any order), decoding on table[e] of the stack. An
     engine whose first jump would overflow its cache runs that jump alone, up to the overflow (the
     newest samples are preempted then); with `stop[e]` a plan ends at its first completion.
     Engines without samples get no jumps. Bit for bit what jumping one completion at a time gives:
-    the same sums, in order (sim.kernels.plan_sorted). With `reward` (seconds per engine) the
-    completions are listed too.
+    the same sums, in order (sim.kernels.plan_sorted).
     """
     eng = np.asarray(eng, np.int64)
     order = _by_engine(eng, fin, sid, progress)
-    done, fields = plan_sorted(order, eng, sid, fin, joined, exit_tokens, progress, context, kv,
-                               np.asarray(stop, np.bool_), t0, stack.base, stack.slope, stack.ds, table,
-                               np.empty(0) if reward is None else np.asarray(reward, np.float64))
-    return FlatPlans(*fields, order, Completions(*done))
+    return FlatPlans(*plan_sorted(order, eng, sid, fin, joined, exit_tokens, progress, context, kv,
+                                  np.asarray(stop, np.bool_), t0, stack.base, stack.slope, stack.ds, table), order)
 
 
 def plan_first_jump(r: Request, exit_tokens: np.ndarray) -> Plan:
