@@ -14,7 +14,7 @@ seconds once per install).
   fleet passes   admissible, admit_rows, stop_parked, stop_rows, phases_done,
                  split_stopped                   (sim.engine.Fleet)
   weight loads   group_by_owner (sim.bulk.Loading), reload_rows (sim.engine.Fleet._load_group)
-  completions    file_entries, file_plans, take_due, live_entries, compact_pool  (sim.pending.Pending)
+  completions    file_entries, file_plans, take_due, compact_pool  (sim.pending.Pending)
   one engine     first_jump                      (sim.planning.plan_first_jump)
   routing        route_few, water_fill_kernel    (sim.controller)
   staleness      tally_lags                      (sim.samples.Samples.staleness_tokens)
@@ -460,19 +460,6 @@ def take_due(times: np.ndarray, sids: np.ndarray, versions: np.ndarray, parts: n
         out[first[versions[i] - low]] = sids[i]
         first[versions[i] - low] += 1
     return out, levels[:m], counts[:m], n_hit, nxt
-
-
-@njit(cache=True)
-def live_entries(times: np.ndarray, versions: np.ndarray, parts: np.ndarray, ranks: np.ndarray, limit: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """The pool's entries still to come (not delivered, not cut off): their times and versions."""
-    out_t, out_v = np.empty(len(times)), np.empty(len(times), np.int64)
-    n = 0
-    for i in range(len(times)):
-        if times[i] < np.inf and ranks[i] < limit[parts[i]]:
-            out_t[n], out_v[n] = times[i], versions[i]
-            n += 1
-    return out_t[:n], out_v[:n]
 
 
 @njit(cache=True)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sim.kernels import compact_pool, file_entries, file_plans, live_entries, take_due
+from sim.kernels import compact_pool, file_entries, file_plans, take_due
 
 if TYPE_CHECKING:  # sim.planning imports this module (Chunk)
     from sim.planning import FlatPlans
@@ -134,9 +134,9 @@ class Pending:
             self._cuts += 1
             self._live = None
 
-    def _compact(self) -> None:
-        """Drop delivered and cut entries once they are a good part of the pool."""
-        if not (2 * self._delivered > len(self._times) or self._cuts > 32):
+    def _compact(self, force: bool = False) -> None:
+        """Drop delivered and cut entries once they are a good part of the pool (or now: `force`)."""
+        if not (force or 2 * self._delivered > len(self._times) or self._cuts > 32):
             return
         self._n = compact_pool(*self._columns(), self._limit)  # in place: the views write to the buffers
         self._view()
@@ -163,8 +163,11 @@ class Pending:
         return sids, levels, counts
 
     def _remaining(self) -> tuple[np.ndarray, np.ndarray]:
+        """Times and start versions of the entries still to come (views of the pool, compacted to
+        them: the pass that finds them drops the rest, so later passes are shorter)."""
         if self._live is None:
-            self._live = live_entries(self._times, self._versions, self._parts, self._ranks, self._limit)
+            self._compact(force=True)
+            self._live = (self._times, self._versions)
         return self._live
 
     def kth_time(self, need: dict[int, int]) -> float:
