@@ -84,8 +84,13 @@ class DecodeStack:
                           np.asarray(s0, np.float64), np.asarray(k, np.int64), np.asarray(elapsed, np.float64))
 
 
+ONE_TABLE = np.zeros(1, np.int64)  # the index of a lone table in its own stack
+
+
 def stack_of(tables: Sequence[DecodeTable]) -> tuple[DecodeStack, np.ndarray]:
     """The distinct tables among `tables`, stacked, and the index of each one in the stack."""
+    if len(tables) == 1:  # one engine's cut or plan, at every interrupt of a busy small fleet
+        return tables[0].stack, ONE_TABLE
     distinct = tuple({id(t): t for t in tables}.values())
     where = {id(t): i for i, t in enumerate(distinct)}
     return _stack(distinct), np.array([where[id(t)] for t in tables], np.int64)

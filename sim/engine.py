@@ -489,7 +489,6 @@ class Fleet:
         self._upd_v[gidx[mine]] = -1  # a newer request that came in meanwhile stays pending
         self._ver[gidx] = version
         sizes = g.count
-        gidx = g.engines
         self.rec.fleet_intervals(self._names, self._groups, "weight_load", gidx, g.start, np.full(len(gidx), now),
                                  np.full(len(gidx), version), sizes)
         tokens, old = reload_rows(g.owner, g.sid, g.joined, g.progress, g.version, s.generated)

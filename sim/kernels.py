@@ -64,6 +64,23 @@ def jump_totals(base: np.ndarray, slope: np.ndarray, ds: float, b: np.ndarray, s
 
 
 @njit(cache=True)
+def _counts(owner: np.ndarray, n: int) -> np.ndarray:
+    """How many entries each of n owners has."""
+    out = np.zeros(n, np.int64)
+    for i in range(len(owner)):
+        out[owner[i]] += 1
+    return out
+
+
+@njit(cache=True)
+def _bounds(owner: np.ndarray, n: int) -> np.ndarray:
+    """Where each of n owners' entries start once grouped by owner, then their total: [n + 1]."""
+    out = np.zeros(n + 1, np.int64)
+    out[1:] = np.cumsum(_counts(owner, n))
+    return out
+
+
+@njit(cache=True)
 def _bit_length(x: int) -> int:
     n = 0
     while x > 0:
@@ -109,11 +126,7 @@ def plan_sorted(order: np.ndarray, eng: np.ndarray, sid: np.ndarray, fin: np.nda
     t = table[engine]), and its clock a sequential sum from the engine's t0, as chained timeouts
     would give. Returns the fields of sim.planning.FlatPlans, in its order, but `order`."""
     n_rows, n_eng = len(order), len(progress)
-    rows = np.zeros(n_eng + 1, np.int64)
-    for r in range(n_rows):
-        rows[eng[r] + 1] += 1
-    for e in range(n_eng):
-        rows[e + 1] += rows[e]
+    rows = _bounds(eng, n_eng)
     o_sid, o_fin, o_joined = np.empty(n_rows, np.int64), np.empty(n_rows, np.int64), np.empty(n_rows, np.int64)
     for r in range(n_rows):
         q = order[r]
@@ -366,12 +379,10 @@ def admit_rows(owner: np.ndarray, sid: np.ndarray, fin: np.ndarray, joined: np.n
     and, after them, the inbox entries taken (joining at the engine's progress). Returns per engine
     the samples running, admitted and left in the inbox, and the prompt tokens admitted; and the
     rows (owner, sid, finish, joined) with a flag for the admitted ones."""
-    running = np.zeros(n, np.int64)
+    running = _counts(owner, n)
     head = np.zeros(n, np.int64)
     rest = np.zeros(n, np.int64)
     tokens = np.zeros(n)
-    for r in range(len(owner)):
-        running[owner[r]] += 1
     m = len(owner)
     for q in range(len(in_sid)):
         if take[q]:
@@ -402,10 +413,7 @@ def admissible(free: np.ndarray, owner: np.ndarray, context: np.ndarray, in_owne
     of their inbox (in_owner grouped by engine, in order) whole, and which entries those heads are.
     The head is what the batch has slots for; each must fit in the KV cache's room on top of the
     engine's context, except the first of an empty engine, which is always taken."""
-    n = len(free)
-    running = np.zeros(n, np.int64)
-    for r in range(len(owner)):
-        running[owner[r]] += 1
+    running = _counts(owner, len(free))
     ok = free.copy()
     take = np.zeros(len(in_sid), np.bool_)
     q = 0
@@ -629,11 +637,7 @@ def water_fill_kernel(n: int, loads: np.ndarray, caps: np.ndarray, row: np.ndarr
 def group_by_owner(owner: np.ndarray, sid: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Entries (owner[i] in 0..n-1, sid[i]) grouped by owner, each group in its entries' order
     (a stable counting sort)."""
-    first = np.zeros(n + 1, np.int64)
-    for i in range(len(owner)):
-        first[owner[i] + 1] += 1
-    for e in range(n):
-        first[e + 1] += first[e]
+    first = _bounds(owner, n)
     out_owner, out_sid = np.empty(len(owner), np.int64), np.empty(len(owner), np.int64)
     for i in range(len(owner)):
         q = first[owner[i]]

@@ -18,8 +18,6 @@ from sim.costs import DecodeStack, DecodeTable, stack_of
 from sim.kernels import engine_keys, first_jump, plan_sorted
 from sim.pending import Chunk
 
-ONE_TABLE = np.zeros(1, np.int64)  # one jump, on table 0 of its engine's own stack
-
 
 @dataclass(slots=True)
 class Batch:
@@ -184,9 +182,6 @@ def cut_many(plans: list[tuple[Plan, DecodeTable]], now: float) -> list[Cut]:
     b = np.array([p.b[j] for (p, _), j in zip(plans, js, strict=True)])
     s0 = np.array([p.s[j] for (p, _), j in zip(plans, js, strict=True)])
     k = np.array([p.k[j] for (p, _), j in zip(plans, js, strict=True)])
-    if len(plans) == 1:  # one engine interrupted (the usual case of a busy small fleet)
-        stack, table = plans[0][1].stack, ONE_TABLE
-    else:
-        stack, table = stack_of([t for _, t in plans])
+    stack, table = stack_of([t for _, t in plans])
     done, rest = stack.stop_after(table, b, s0, k, now - start)
     return [Cut(j, int(d), float(r)) for j, d, r in zip(js, done.tolist(), rest.tolist(), strict=True)]

@@ -6,7 +6,7 @@ import gc
 import itertools
 import math
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,9 +109,9 @@ def simulate(
     """Simulate `plan` running `workload` on `cluster` until the trainer finishes `steps` steps."""
     if steps < 1:
         raise SpecError(f"steps must be at least 1, got {steps}")
-    if token_level:  # its per-sample objects do make cycles: hundreds of thousands per step
-        return _simulate(cluster, workload, plan, cost_model, steps, seed, token_level, record_queue)
-    with _cycle_collector_paused():
+    # the token-level reference keeps the collector on: its per-sample objects make cycles, hundreds
+    # of thousands per step
+    with nullcontext() if token_level else _cycle_collector_paused():
         return _simulate(cluster, workload, plan, cost_model, steps, seed, token_level, record_queue)
 
 
