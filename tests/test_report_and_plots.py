@@ -6,6 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import matplotlib
 import pandas as pd
 import pytest
 
@@ -38,7 +39,13 @@ def test_utilization_has_a_bar_per_group_coloured_by_gpu(result) -> None:  # typ
     bars = ax.patches
     assert len(bars) == len(result.utilization) == 3  # H20 engines, L40S engines, trainer
     assert pd.Series([b.get_facecolor() for b in bars]).nunique() == 3
-    assert gpu_colour("H20") != gpu_colour("L40S") and gpu_colour("H20") == gpu_colour("H20")
+    assert gpu_colour("H20") != gpu_colour("L40S")
+    # each engine group's bar has its GPU type's colour (the trainer's row names no type)
+    colours = {label.get_text(): matplotlib.colors.to_hex(b.get_facecolor())
+               for label, b in zip(ax.get_xticklabels(), bars, strict=True)}
+    engine_rows = {k: v for k, v in colours.items() if k.startswith("rollout:")}
+    assert len(engine_rows) == 2
+    assert all(v == gpu_colour(k.split(":")[1]) for k, v in engine_rows.items()), colours
 
 
 def test_staleness_histogram_has_a_bar_per_lag(result) -> None:  # type: ignore[no-untyped-def]
