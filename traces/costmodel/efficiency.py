@@ -18,11 +18,19 @@ class Efficiency:
     # Fraction of HBM bandwidth that decode reaches while streaming weights and KV (K1-K3;
     # K9's ~90% copy rate is the ceiling).
     memory: float = 0.70
-    # Fixed cost per decode iteration (scheduling, sampling, kernel launches), seconds (K1/K2).
+    # Fixed cost per decode iteration (scheduling, kernel launches; CUDA graphs shrink it), seconds (K1/K2),
+    # and the part that grows with the running batch (sampling, detokenising, scheduler bookkeeping
+    # per sequence), seconds per sequence.
     decode_overhead_s: float = 0.004
+    decode_overhead_per_seq_s: float = 0.0
+    # Fixed cost per prefill forward pass (scheduling, launches: no CUDA graph for prefill), seconds.
+    prefill_overhead_s: float = 0.0
     # Fraction of the achievable matmul rate the training step reaches, non-matmul ops included.
     # Fitted to K4 (torchtitan FSDP, A100) and K5 (Megatron TP/PP, H100, with Hopper's K8 ceiling).
     train_matmul: float = 0.67
+    # Small micro-batches do not fill the GPU: the training matmul rate is scaled by
+    # mb / (mb + train_half_tokens) for mb tokens per micro-batch (0: no such loss).
+    train_half_tokens: float = 0.0
     # Share of data-parallel gradient/parameter traffic hidden behind compute (K4, K5).
     comm_overlap: float = 0.8
     # Latency of one collective call, seconds (TP all-reduces, per-tensor sync).

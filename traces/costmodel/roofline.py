@@ -40,7 +40,7 @@ def decode_seconds(
 ) -> Array:
     """One decode iteration of an engine: B sequences at mean context L, TP t.
 
-    max(compute, memory) + TP all-reduces + a fixed overhead, where
+    max(compute, memory) + TP all-reduces + an overhead (fixed + per running sequence), where
     compute = (2 P B + 4 layers B L q_dim) / (t F e_mm)   (matmuls + attention scores/values)
     memory  = (W + B L kv) / (t BW e_mem)                  (stream weights and the KV cache once)
     TP: 2 all-reduces per layer of B x hidden activations over the intra-node link.
@@ -53,7 +53,7 @@ def decode_seconds(
     )
     msg = b * model.hidden * model.bytes_per_param
     tp_comm = 2 * model.layers * allreduce_seconds(msg, t, gpu.link_bytes_per_s, eff)
-    return np.maximum(compute, memory) + tp_comm + eff.decode_overhead_s
+    return np.maximum(compute, memory) + tp_comm + eff.decode_overhead_s + eff.decode_overhead_per_seq_s * b
 
 
 def prefill_seconds(
@@ -69,7 +69,7 @@ def prefill_seconds(
     memory = model.weight_bytes / (t * gpu.hbm_bytes_per_s * _memory_eff(gpu, eff))
     msg = n * model.hidden * model.bytes_per_param
     tp_comm = 2 * model.layers * allreduce_seconds(msg, t, gpu.link_bytes_per_s, eff)
-    return np.maximum(compute, memory) + tp_comm
+    return np.maximum(compute, memory) + tp_comm + eff.prefill_overhead_s
 
 
 def kv_capacity_tokens(gpu: GpuType, model: ModelSpec, tp: ArrayLike, eff: Efficiency) -> Array:
@@ -123,7 +123,8 @@ def train_seconds(
 ) -> Array:
     """One optimizer step over N tokens on dp x tp x pp GPUs (or one forward pass if forward_only).
 
-    compute = flops N / (dp tp pp F e_train) x pipeline bubble (1 + (pp-1)/(m v))
+    compute = flops N / (dp tp pp F e_train fill) x pipeline bubble (1 + (pp-1)/(m v)),
+        fill = mb / (mb + half): a micro-batch of mb tokens fills the GPU less when small
     TP: 4 all-reduces per layer (2 forward, 2 backward) of the rank's tokens x hidden.
     DP: all-reduce of gradients 2(dp-1)/dp W/(tp pp) (+ parameter all-gathers under ZeRO-3),
         a share `comm_overlap` hidden behind compute (never less than what compute cannot hide).
@@ -135,7 +136,8 @@ def train_seconds(
         per_token = 2.0 * model.compute_params + 4.0 * model.layers * s * model.q_dim
     else:
         per_token = train_flops_per_token(model, s) + _recompute_flops_per_token(model, s, recompute)
-    compute = per_token * n / (gpus * gpu.bf16_flops * (gpu.matmul_ceiling * eff.train_matmul))
+    fill = mb / (mb + eff.train_half_tokens)  # small micro-batches leave the GPU part idle
+    compute = per_token * n / (gpus * gpu.bf16_flops * (gpu.matmul_ceiling * eff.train_matmul) * fill)
     microbatches = np.maximum(np.ceil(n / d / mb), 1.0)
     compute = compute * (1 + (p - 1) / (microbatches * virtual_stages))
 

@@ -1,0 +1,126 @@
+"""Fit the roofline's efficiency factors to measured cases, and judge them leave-one-source-out.
+
+A case is one measurement (a calibration row, or a phase of a user's logged run) with a function
+that predicts it from a cost model. The fit minimises a robust (soft-L1) loss of the log error
+log(predicted / measured) over the chosen Efficiency fields, in log space within each field's
+bounds (scipy.optimize.least_squares, trust-region reflective). An error is only known on data the
+fit did not see: `leave_one_source_out` refits without each source in turn and predicts it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from traces.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
+from traces.costmodel.model import CostModel
+from traces.costmodel.tables import ProfileTable
+from traces.errors import SpecError
+
+# What may be fitted, and within which physical bounds (fractions stay fractions; overheads and
+# latencies between a microsecond-scale floor and what no published engine shows).
+BOUNDS: dict[str, tuple[float, float]] = {
+    "matmul": (0.2, 1.0),
+    "memory": (0.3, 0.95),
+    "decode_overhead_s": (1e-4, 0.02),
+    "decode_overhead_per_seq_s": (1e-7, 1e-4),
+    "prefill_overhead_s": (1e-4, 0.05),
+    "train_matmul": (0.2, 1.0),
+    "train_half_tokens": (1.0, 16384.0),
+    "comm_overlap": (0.0, 0.99),
+    "collective_latency_s": (1e-6, 1e-3),
+    "sync_fixed_s": (1e-3, 1.0),
+    "sync_per_tensor_s": (1e-6, 5e-3),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured figure and how the cost model predicts it (same unit)."""
+
+    id: str
+    source: str  # cases of one source are left out together
+    kind: str
+    measured: float
+    predict: Callable[[CostModel], float] = field(repr=False, compare=False)
+    fitted: bool = True  # False: judged only (e.g. RL steps, too costly to simulate inside a fit)
+
+    def error(self, cm: CostModel) -> float:
+        """Signed relative error of the prediction: predicted / measured - 1."""
+        return self.predict(cm) / self.measured - 1.0
+
+
+def _model(eff: Efficiency, tables: ProfileTable | None) -> CostModel:
+    return CostModel(tables if tables is not None else ProfileTable.empty(), eff)
+
+
+def fit(cases: Sequence[Case], fields: Iterable[str], *, start: Efficiency = DEFAULT_EFFICIENCY,
+        tables: ProfileTable | None = None, max_evals: int = 400) -> Efficiency:
+    """The Efficiency whose `fields` best predict the fitted `cases` (others kept from `start`)."""
+    from scipy.optimize import least_squares
+
+    names = list(fields)
+    unknown = [n for n in names if n not in BOUNDS]
+    if unknown:
+        raise SpecError(f"cannot fit {', '.join(unknown)}: fittable fields are {', '.join(BOUNDS)}")
+    used = [c for c in cases if c.fitted]
+    if not used:
+        raise SpecError("nothing to fit: no case is marked fitted")
+    lo = np.log([BOUNDS[n][0] for n in names])
+    hi = np.log([BOUNDS[n][1] for n in names])
+    x0 = np.clip(np.log([float(getattr(start, n)) for n in names]), lo + 1e-9, hi - 1e-9)
+
+    def efficiency(x: np.ndarray) -> Efficiency:
+        return replace(start, **{n: float(math.exp(v)) for n, v in zip(names, x, strict=True)})
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        cm = _model(efficiency(x), tables)
+        return np.array([math.log(max(c.predict(cm), 1e-30) / c.measured) for c in used])
+
+    found = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, max_nfev=max_evals,
+                          diff_step=1e-3)
+    return efficiency(found.x)
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A case's error under the fit on everything, and under the fit without its source."""
+
+    case: Case
+    predicted: float
+    error: float
+    held_out_predicted: float
+    held_out_error: float
+
+
+def leave_one_source_out(cases: Sequence[Case], fields: Iterable[str], *, start: Efficiency = DEFAULT_EFFICIENCY,
+                         tables: ProfileTable | None = None,
+                         progress: Callable[[str], None] | None = None) -> tuple[Efficiency, list[Judged]]:
+    """Fit on all cases, then once per source without it; every case judged both ways."""
+    names = list(fields)
+    full = fit(cases, names, start=start, tables=tables)
+    cm_full = _model(full, tables)
+    judged: list[Judged] = []
+    for source in sorted({c.source for c in cases}):
+        if progress is not None:
+            progress(source)
+        mine = [c for c in cases if c.source == source]
+        rest = [c for c in cases if c.source != source]
+        held = fit(rest, names, start=start, tables=tables) if any(c.fitted for c in rest) else start
+        cm_held = _model(held, tables)
+        for c in mine:
+            p, q = c.predict(cm_full), c.predict(cm_held)
+            judged.append(Judged(c, p, p / c.measured - 1.0, q, q / c.measured - 1.0))
+    order = {c.id: i for i, c in enumerate(cases)}
+    judged.sort(key=lambda j: order[j.case.id])
+    return full, judged
+
+
+def summary(errors: Sequence[float]) -> dict[str, float]:
+    """Median and worst absolute error, and the signed median (a one-sided bias shows here)."""
+    e = np.asarray(errors, float)
+    return {"median_abs": float(np.median(np.abs(e))), "worst_abs": float(np.max(np.abs(e))),
+            "signed_median": float(np.median(e)), "n": float(len(e))}
