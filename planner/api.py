@@ -24,6 +24,7 @@ from sim import SimResult, simulate
 from traces import Cluster, CostModel, NodeGroup, Plan, SpecError, Workload, get_gpu
 from traces.io import validate
 from traces.progress import bar
+from traces.records import recommended_steps
 
 
 @dataclass(frozen=True)
@@ -99,10 +100,15 @@ def _for_mode(workload: Workload, mode: Mode) -> Workload:
 def plan_report(
     cluster: Cluster, workload: Workload, *, objective: Objective = "throughput", budget: float | None = None,
     target: float | None = None, top_k: int = 3, cost_model: CostModel | None = None, solver: str = "auto",
-    sim_steps: int = 8, seed: int = 0, baselines: bool = True, marginal: bool = True, refine: int = 3,
+    sim_steps: int | None = None, seed: int = 0, baselines: bool = True, marginal: bool = True, refine: int = 3,
 ) -> PlanReport:
-    """Plan `workload` on `cluster`; see the module docstring. Raises SpecError (with the reason)."""
+    """Plan `workload` on `cluster`; see the module docstring. Raises SpecError (with the reason).
+
+    `sim_steps` None: enough trainer steps to measure one steady period (traces.records.recommended_steps).
+    """
     cm = cost_model or CostModel()
+    if sim_steps is None:
+        sim_steps = recommended_steps(workload.staleness if workload.mode == "async" else 0)
     check_request(objective, budget, target, top_k, sim_steps)
     t0 = time.perf_counter()
     cand = candidates(cm, cluster, workload)
@@ -117,10 +123,15 @@ def plan_report(
     if sim_steps > 0 and refine > 0:
         ranked = _refine(cm, cluster, workload, cand, ranked, objective, budget, target, solver, sim_steps, seed,
                          refine)
+    if objective == "cost" and target is not None and sim_steps > 0:
+        ranked = _meet_target(cm, cluster, workload, cand, ranked, budget, target, top_k, solver, sim_steps, seed)
     chosen = _pick(ranked, objective, target)
     t2 = time.perf_counter()
     spend = budget if budget is not None else chosen.solution.cost_per_hour
     base = _baselines(cm, cluster, workload, cand, chosen, spend, solver, sim_steps, seed) if baselines else {}
+    # A baseline that runs on this cluster in the asked mode is a plan too: never return a worse one.
+    rivals = [b for b in base.values() if b.plan.mode == chosen.plan.mode and within(cluster, b.plan)]
+    chosen = _pick((chosen, *rivals), objective, target) if sim_steps > 0 else chosen
     t3 = time.perf_counter()
     values = marginal_values(cm, cluster, workload, mode, budget, solver) if marginal else {}
     t4 = time.perf_counter()
@@ -174,6 +185,38 @@ def _refine(cm: CostModel, cluster: Cluster, workload: Workload, cand: Candidate
         if not moved:
             break
     return tuple(out)
+
+
+def _meet_target(cm: CostModel, cluster: Cluster, workload: Workload, cand: Candidates, ranked: tuple[Scored, ...],
+                 budget: float | None, target: float, top_k: int, solver: str, sim_steps: int, seed: int,
+                 rounds: int = 4) -> tuple[Scored, ...]:
+    """Cost objective: re-solve with the analytic target raised by the simulated shortfall until a
+    plan meets `target` in simulation; SpecError (one line, with the best found) if none does."""
+    out, asked = list(ranked), target
+    for _ in range(rounds):
+        if any(s.samples_per_s >= target for s in out):
+            return tuple(out)
+        best = max(out, key=lambda s: s.samples_per_s / max(s.solution.samples_per_s, 1e-12))
+        ratio = best.samples_per_s / best.solution.samples_per_s if best.solution.samples_per_s > 0 else 0.0
+        asked = max(asked * 1.05, target / ratio if ratio > 0 else math.inf)
+        if not math.isfinite(asked):
+            break
+        found = solve(cand, best.solution.mode, "cost", budget, asked, top_k, solver)
+        if not found:
+            break
+        out.extend(_score(f"target-{len(out) + 1}", cm, cluster, workload, cand, s, sim_steps, seed) for s in found)
+    if any(s.samples_per_s >= target for s in out):
+        return tuple(out)
+    top = max(out, key=lambda s: s.samples_per_s)
+    raise SpecError(f"no plan meets the target of {target:g} samples/s in simulation: the best found reaches "
+                    f"{top.samples_per_s:.1f} at ${top.solution.cost_per_hour:,.2f}/h; lower --target, raise "
+                    "--budget or add GPUs")
+
+
+def within(cluster: Cluster, plan: Plan) -> bool:
+    """Whether the cluster has the GPUs the plan uses (a budget-equal baseline may not)."""
+    have = cluster.gpu_counts
+    return all(n <= have.get(t, 0) for t, n in plan.gpus_in_use.items())
 
 
 def _tick(progress: Any, value: Any) -> Any:
@@ -301,7 +344,7 @@ class Change:
 
 
 def what_if(cluster: Cluster, workload: Workload, changes: list[Change | dict[str, Any]], *,
-            cost_model: CostModel | None = None, sim_steps: int = 8, seed: int = 0, solver: str = "auto",
+            cost_model: CostModel | None = None, sim_steps: int | None = None, seed: int = 0, solver: str = "auto",
             budget: float | None = None) -> pd.DataFrame:
     """One row per variant (the unchanged fleet first): plan it, simulate it, report it."""
     cm = cost_model or CostModel()

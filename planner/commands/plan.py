@@ -21,7 +21,9 @@ def register(sub: Any) -> None:
     p.add_argument("--budget", type=positive_float, metavar="DOLLARS_PER_HOUR", help="spend at most this per hour")
     p.add_argument("--target", type=positive_float, metavar="SAMPLES_PER_S", help="throughput to reach (cost)")
     p.add_argument("--top-k", type=positive_int, default=3, help="MILP solutions to simulate and re-rank (default 3)")
-    p.add_argument("--sim-steps", type=positive_int, default=8, help="trainer steps per simulation (default 8)")
+    p.add_argument("--sim-steps", type=positive_int, default=None,
+                   help="trainer steps per simulation (default: warm-up plus one steady period, 2 (staleness + 1), "
+                        "at least 8)")
     p.add_argument("--seed", type=int, default=0, help="simulation seed (default 0)")
     p.add_argument("--solver", choices=("auto", "highs", "cbc"), default="auto", help="MILP solver (default auto)")
     p.add_argument("--no-baselines", action="store_true", help="skip planning and simulating the baselines")

@@ -1,0 +1,69 @@
+"""The planner keeps its promises in simulation: cost targets met (or refused), no feasible baseline better."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from planner.api import _meet_target, plan_report, within
+from planner.candidates import candidates
+from traces import Cluster, CostModel, SpecError, Workload, example_cluster, example_workload, get_model
+from traces.records import recommended_steps, steady_state, warm_steps
+from traces.workload import LengthDist
+
+CM = CostModel.roofline_only()
+
+
+@pytest.mark.parametrize("target", [40.0, 60.0])
+def test_cost_targets_are_met_in_simulation(target: float) -> None:
+    """The README's `--objective cost --target 40` (and a harder one): the simulated rate meets it."""
+    r = plan_report(example_cluster("mixed-h800-h20-l40s"), example_workload("qwen2.5-7b-grpo-longtail"),
+                    objective="cost", target=target, baselines=False, marginal=False)
+    assert r.chosen.simulated is not None and r.chosen.samples_per_s >= target, r.summary()["ranked"]
+
+
+def test_a_target_no_simulated_plan_meets_is_refused_in_one_line() -> None:
+    cluster, workload = example_cluster("mixed-h800-h20-l40s"), example_workload("qwen2.5-7b-grpo-longtail")
+    r = plan_report(cluster, workload, objective="cost", target=30.0, baselines=False, marginal=False, top_k=1)
+    beyond = r.chosen.samples_per_s * 1.5  # what the plans found reach, with no round left to re-solve
+    with pytest.raises(SpecError, match=r"no plan meets the target of .* in simulation: the best found reaches"):
+        _meet_target(CM, cluster, workload, candidates(CM, cluster, workload), r.ranked, None, beyond, 1, "auto",
+                     2, 0, rounds=0)
+
+
+def _random_fleet(rng: random.Random) -> tuple[Cluster, Workload]:
+    types = rng.sample(["H100", "H800", "H20", "A100-80G", "L40S"], 2)
+    groups = [{"gpu_type": t, "nodes": rng.choice([1, 2]), "gpus_per_node": 8} for t in types]
+    response = rng.choice([LengthDist(kind="lognormal", mean=900, sigma=0.9, cap=4096),
+                           LengthDist(kind="fixed", value=600)])
+    mode = rng.choice(["async", "sync"])
+    w = Workload(model=get_model("qwen2.5-1.5b"), prompts_per_step=rng.choice([16, 32]), group_size=8,
+                 prompt_len=LengthDist(kind="uniform", low=64, high=256), response_len=response, mode=mode,
+                 staleness=rng.choice([1, 2]) if mode == "async" else 0, interruptible=False)
+    return Cluster(name="random", node_groups=tuple(groups)), w
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_plan_never_loses_to_a_baseline_it_could_run(seed: int) -> None:
+    cluster, workload = _random_fleet(random.Random(seed))
+    r = plan_report(cluster, workload, cost_model=CM, marginal=False)
+    for name, b in r.baselines.items():
+        if b.plan.mode == r.plan.mode and within(cluster, b.plan):
+            assert r.chosen.samples_per_s >= b.samples_per_s, (name, r.chosen.samples_per_s, b.samples_per_s)
+
+
+def test_recommended_steps_measure_whole_periods_after_the_warm_up() -> None:
+    for eta in range(12):
+        steps = recommended_steps(eta)
+        assert steps >= 8 and (steps - warm_steps(eta, steps)) % (eta + 1) == 0
+
+
+def test_a_window_of_part_of_a_period_misstates_the_rate() -> None:
+    """Why: one slow step every eta + 1 (the cohort's tail): 4 fast steps then 1 slow, eta 4."""
+    times = [10.0, 10.0, 10.0, 10.0, 90.0] * 4
+    ends = [sum(times[: i + 1]) for i in range(len(times))]
+    whole = steady_state(ends[: recommended_steps(4)], [100] * 10, 4)
+    assert whole[0] / whole[1] == pytest.approx(500 / 130)  # one period: the true rate
+    part = steady_state(ends[:8], [100] * 8, 4)  # steps 4..7: the slow step and three fast ones
+    assert part[0] / part[1] != pytest.approx(500 / 130, rel=0.1)
