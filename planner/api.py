@@ -57,6 +57,7 @@ class PlanReport:
     budget: float | None
     target: float | None
     seconds: dict[str, float] = field(default_factory=dict)
+    cluster: Cluster | None = None  # what the plan was made for: which baselines it could run
 
     def summary(self) -> dict[str, Any]:
         s = self.chosen.solution
@@ -75,6 +76,8 @@ class PlanReport:
             "marginal_samples_per_s_per_gpu": self.marginal,
             "baselines": {name: b.samples_per_s for name, b in self.baselines.items()},
             "baseline_plans": {name: b.row() for name, b in self.baselines.items()},
+            "baselines_within_fleet": {name: self.cluster is None or within(self.cluster, b.plan)
+                                       for name, b in self.baselines.items()},
             "vs_best_homogeneous": self.chosen.samples_per_s / best_homog.samples_per_s
             if best_homog is not None and best_homog.samples_per_s > 0 else None,
             "ranked": [r.row() for r in self.ranked],
@@ -141,7 +144,7 @@ def plan_report(
                  **{f"baseline:{name}": b.samples_per_s for name, b in base.items()}}
     plan = chosen.plan.model_copy(update={"predicted": predicted})
     chosen = dataclasses.replace(chosen, plan=plan)
-    return PlanReport(plan, chosen, ranked, base, values, objective, budget, target, seconds)
+    return PlanReport(plan, chosen, ranked, base, values, objective, budget, target, seconds, cluster)
 
 
 def plan(cluster: Cluster, workload: Workload, objective: Objective = "throughput", budget: float | None = None,

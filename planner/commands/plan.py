@@ -80,8 +80,9 @@ def _lines(report: Any, summary: dict[str, Any], out: str | None) -> list[str]:
         for name, b in report.baselines.items():
             ratio = summary["samples_per_s"] / b.samples_per_s if b.samples_per_s > 0 else math.inf
             gpus = ", ".join(f"{n} {k}" for k, n in b.plan.gpus_in_use.items())
+            beyond = "" if summary["baselines_within_fleet"][name] else ", more GPUs than this fleet has"
             lines.append(f"  {name:<16} {b.samples_per_s:8.2f} samples/s  ${b.solution.cost_per_hour:8.2f}/h  "
-                         f"plan is {ratio:.2f}x  ({gpus})")
+                         f"plan is {ratio:.2f}x  ({gpus}{beyond})")
     mode = summary["areal_allocation_mode"]
     lines.append(f"AReaL allocation: {mode if isinstance(mode, str) else ', '.join(mode.values())}")
     if out:
