@@ -1,0 +1,90 @@
+"""How far the MILP's analytic throughput is from the simulator's, over random fleets.
+
+For N random fleets (2-3 GPU types, 16-64 GPUs, long-tailed or fixed lengths, async or sync, a few
+models), plans the MILP's best allocation, places it, reprices its weight sync on the placed links
+(as the planner does) and simulates it for warm-up + whole steady periods
+(traces.records.recommended_steps). Prints the ratio analytic / simulated per fleet, then the
+median and the worst (the further from 1, the more the MILP ranks plans on a wrong model).
+Usage: python bench/analytic_vs_sim.py [--fleets 50] [--seed 0] [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+from planner.candidates import candidates
+from planner.milp import solve
+from planner.placement import reprice_sync, to_plan
+from sim import simulate
+from traces import Cluster, CostModel, Workload, get_model
+from traces.records import recommended_steps
+from traces.workload import LengthDist
+
+TYPES = ["H100", "H800", "H20", "A100-80G", "L40S", "H200"]
+MODELS = ["qwen2.5-1.5b", "qwen2.5-7b", "llama-3.1-8b"]
+
+
+def random_case(rng: random.Random) -> tuple[Cluster, Workload]:
+    types = rng.sample(TYPES, rng.choice([2, 3]))
+    groups = tuple({"gpu_type": t, "nodes": rng.choice([1, 2, 3]), "gpus_per_node": 8,
+                    "inter_node_gb_per_s": rng.choice([12.5, 25.0, 50.0])} for t in types)
+    mode = rng.choice(["async", "async", "sync"])
+    if rng.random() < 0.7:
+        response = LengthDist(kind="lognormal", mean=rng.choice([600, 1500, 3000]), sigma=rng.choice([0.6, 1.0]),
+                              cap=rng.choice([4096, 8192]))
+    else:
+        response = LengthDist(kind="fixed", value=rng.choice([512, 1024, 2048]))
+    w = Workload(name="random", model=get_model(rng.choice(MODELS)), prompts_per_step=rng.choice([16, 32, 64]),
+                 group_size=rng.choice([8, 16]), prompt_len=LengthDist(kind="uniform", low=64, high=512),
+                 response_len=response, mode=mode, staleness=rng.choice([1, 2, 4]) if mode == "async" else 0,
+                 interruptible=rng.random() < 0.5, ppo_minibatches=rng.choice([1, 4]))
+    return Cluster(name="random", node_groups=groups), w
+
+
+def ratio(cm: CostModel, cluster: Cluster, w: Workload, steps: int | None) -> tuple[float, float, str] | None:
+    cand = candidates(cm, cluster, w)
+    found = solve(cand, w.mode, "throughput", None, None, 1, "auto")
+    if not found:
+        return None
+    plan = to_plan(cluster, w, cand, found[0])
+    sol = reprice_sync(cm, cluster, w, cand, found[0], plan)
+    n = steps or recommended_steps(w.staleness if w.mode == "async" else 0)
+    r = simulate(cluster, w, plan, cm, steps=n, seed=0, record_queue=False)
+    return sol.samples_per_s, r.samples_per_s, sol.bottleneck
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fleets", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=None, help="trainer steps per simulation (default: recommended)")
+    args = ap.parse_args()
+    cm, rng = CostModel(), random.Random(args.seed)
+    ratios: list[float] = []
+    t0 = time.perf_counter()
+    print(f"{'#':>3} {'types':<22} {'model':<13} {'mode':<5} {'eta':>3} {'lengths':<16} "
+          f"{'analytic':>9} {'simulated':>9} {'ratio':>6} bottleneck")
+    for i in range(args.fleets):
+        cluster, w = random_case(rng)
+        got = ratio(cm, cluster, w, args.steps)
+        if got is None:
+            continue
+        analytic, simulated, bottleneck = got
+        r = analytic / simulated if simulated > 0 else float("inf")
+        ratios.append(r)
+        types = "+".join(f"{g.nodes * g.gpus_per_node}{g.gpu_type}" for g in cluster.node_groups)
+        rl = w.response_len
+        lengths = f"{rl.kind} {rl.expected():.0f}/{rl.max}"
+        print(f"{i:>3} {types:<22} {w.model.name:<13} {w.mode:<5} {w.staleness:>3} {lengths:<16} "
+              f"{analytic:9.2f} {simulated:9.2f} {r:6.2f} {bottleneck}")
+    off = [abs(r - 1) for r in ratios]
+    print(f"\n{len(ratios)} fleets in {time.perf_counter() - t0:.0f} s: analytic/simulated median "
+          f"{statistics.median(ratios):.3f}, median |ratio - 1| {statistics.median(off):.1%}, worst "
+          f"{max(ratios, key=lambda r: abs(r - 1)):.2f} (|ratio - 1| {max(off):.1%})")
+
+
+if __name__ == "__main__":
+    main()
