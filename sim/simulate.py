@@ -24,6 +24,7 @@ from traces import Cluster, CostModel, Plan, SpecError, Workload
 from traces.costmodel.rl import trainer_step_seconds
 from traces.links import sync_path_bytes_per_s
 from traces.plan import RolloutGroup
+from traces.pricing import plan_price_per_hour
 from traces.progress import bar
 from traces.records import steady_state, warm_steps
 
@@ -253,7 +254,7 @@ def _result(
     for group, names in members.items():
         util[group] = sum(busy[n] for n in names) / (len(names) * end) if end > 0 else 0.0
     util["trainer"] = busy["trainer"] / end if end > 0 else 0.0
-    price = sum(n * cluster.gpu(gpu_type).price_per_gpu_hour for gpu_type, n in plan.gpus_in_use.items())
+    price = plan_price_per_hour(cluster, plan)  # by the node groups the plan sits in (traces.pricing)
     return SimResult(
         samples_per_s=samples / window if window > 0 else 0.0,
         tokens_per_s=tokens / window if window > 0 else 0.0,

@@ -67,3 +67,26 @@ def test_a_window_of_part_of_a_period_misstates_the_rate() -> None:
     assert whole[0] / whole[1] == pytest.approx(500 / 130)  # one period: the true rate
     part = steady_state(ends[:8], [100] * 8, 4)  # steps 4..7: the slow step and three fast ones
     assert part[0] / part[1] != pytest.approx(500 / 130, rel=0.1)
+
+
+def test_two_prices_of_one_gpu_type_price_the_plan_alike_everywhere() -> None:
+    """Planner, placement and simulator price a plan by the node groups it sits in (traces.pricing)."""
+    from traces.pricing import plan_price_per_hour
+
+    cluster = Cluster(name="two-prices", node_groups=(
+        {"gpu_type": "H800", "nodes": 1, "gpus_per_node": 8, "price_per_gpu_hour": 1.0},
+        {"gpu_type": "H800", "nodes": 1, "gpus_per_node": 8, "price_per_gpu_hour": 3.0},
+        {"gpu_type": "H20", "nodes": 2, "gpus_per_node": 8},
+    ))
+    workload = Workload(model=get_model("qwen2.5-1.5b"), prompts_per_step=16, group_size=8,
+                        prompt_len=LengthDist(kind="uniform", low=64, high=256),
+                        response_len=LengthDist(kind="lognormal", mean=600, sigma=0.8, cap=2048), staleness=2)
+    r = plan_report(cluster, workload, cost_model=CM, baselines=False, marginal=False)
+    assert r.chosen.simulated is not None
+    planned = r.chosen.solution.cost_per_hour
+    assert planned == pytest.approx(plan_price_per_hour(cluster, r.plan))
+    assert r.chosen.simulated.cost_per_hour == pytest.approx(planned)
+    # the expensive H800 node really is priced at 3.0: the same GPUs on the cheap node cost less
+    t = r.plan.trainer
+    moved = r.plan.model_copy(update={"trainer": t.model_copy(update={"nodes": (0,) if t.nodes != (0,) else (1,)})})
+    assert plan_price_per_hour(cluster, moved) != pytest.approx(planned)
