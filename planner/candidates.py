@@ -22,6 +22,7 @@ import numpy as np
 
 from traces import Cluster, CostModel, GpuType, Workload
 from traces.costmodel.rl import trainer_fits, trainer_step_seconds
+from traces.plan_check import tp_shards
 from traces.workload import LengthDist
 
 ZERO_STAGES = (1, 3)
@@ -147,6 +148,8 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
     out = []
     for pool in pools:
         for tp in _divisors(pool.per_node):
+            if tp_shards(model, tp) is not None:
+                continue
             if float(cm.kv_capacity_tokens(pool.gpu, model, tp)) < workload.max_seq_len:
                 continue
             full = int(cm.generation_rate(pool.gpu, model, tp, prompt_mean=prompt, response_mean=response,
@@ -190,9 +193,9 @@ def trainer_node_counts(nodes: int) -> list[int]:
     return counts
 
 
-def _layouts(nodes: int, per_node: int, layers: int) -> np.ndarray:
+def _layouts(nodes: int, per_node: int, layers: int, tps: list[int]) -> np.ndarray:
     """(nodes, dp, tp, pp) rows for the trainer sizes of a pool: tp inside a node, pp dividing the layers."""
-    rows = [(n, n * per_node // (tp * pp), tp, pp) for n in trainer_node_counts(nodes) for tp in _divisors(per_node)
+    rows = [(n, n * per_node // (tp * pp), tp, pp) for n in trainer_node_counts(nodes) for tp in tps
             for pp in _divisors(min(layers, 64)) if (n * per_node) % (tp * pp) == 0]
     return np.array(rows, dtype=np.int64).reshape(-1, 4)
 
@@ -207,7 +210,8 @@ def trainer_options(
     tokens = batch * workload.mean_tokens_per_sample
     out = []
     for pool in pools:
-        lay = _layouts(min(pool.nodes, max_nodes or pool.nodes), pool.per_node, workload.model.layers)
+        tps = [tp for tp in _divisors(pool.per_node) if tp_shards(workload.model, tp) is None]
+        lay = _layouts(min(pool.nodes, max_nodes or pool.nodes), pool.per_node, workload.model.layers, tps)
         nodes, dp, tp, pp = lay[:, 0], lay[:, 1], lay[:, 2], lay[:, 3]
         best_step = np.full(len(lay), np.inf)
         best_combo = np.zeros(len(lay), dtype=np.int64)

@@ -24,6 +24,7 @@ from traces import Cluster, CostModel, Plan, SpecError, Workload
 from traces.costmodel.rl import trainer_step_seconds
 from traces.links import sync_path_bytes_per_s
 from traces.plan import RolloutGroup
+from traces.plan_check import check_plan
 from traces.pricing import plan_price_per_hour
 from traces.progress import bar
 from traces.records import steady_state, warm_steps
@@ -40,23 +41,6 @@ class _EngineSpec:
     decode: DecodeTable
     prefill: PrefillCurve
     mean_iteration_s: tuple[float, ...]  # [b]: one iteration of b mean-length samples (router)
-
-
-def check_plan(cluster: Cluster, workload: Workload, plan: Plan) -> None:
-    """The plan must fit the cluster and agree with the workload; SpecError says what to fix."""
-    have = cluster.gpu_counts
-    for gpu_type, n in plan.gpus_in_use.items():
-        if n > have.get(gpu_type, 0):
-            raise SpecError(f"plan uses {n} {gpu_type} GPUs but cluster '{cluster.name}' has {have.get(gpu_type, 0)}")
-    if plan.mode == "colocated":
-        if any(g.gpu_type != plan.trainer.gpu_type for g in plan.rollout):
-            raise SpecError("colocated plan: rollout groups must use the trainer's GPU type")
-        if sum(g.gpus for g in plan.rollout) > plan.trainer.gpus:
-            raise SpecError("colocated plan: rollout engines need more GPUs than the trainer has")
-    for g in plan.rollout:
-        per_node = max(ng.gpus_per_node for ng in cluster.groups_of(g.gpu_type))
-        if g.tp > per_node:
-            raise SpecError(f"rollout TP {g.tp} exceeds the {per_node} GPUs per {g.gpu_type} node")
 
 
 def _engine_specs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan) -> list[_EngineSpec]:

@@ -124,7 +124,7 @@ def test_simulate_cli_writes_timeline_and_gantt(cli, tmp_path) -> None:  # type:
     csv, png = tmp_path / "t.csv", tmp_path / "g.png"
     res = cli("simulate", "--cluster", str(root / "clusters" / "mixed-h800-h20-l40s.yaml"),
               "--workload", str(root / "workloads" / "qwen2.5-1.5b-math-short.yaml"),
-              "--plan", str(root / "plans" / "mixed-async.json"), "--steps", "3", "--json",
+              "--plan", str(root / "plans" / "mixed-math-short.json"), "--steps", "3", "--json",
               "--timeline", str(csv), "--gantt", str(png))
     assert res.code == 0, res.err
     obj = res.json()
@@ -169,7 +169,7 @@ def test_progress_bars_show_on_a_terminal_and_not_when_quiet_or_piped() -> None:
 
     sim = ["simulate", "--cluster", "traces/data/clusters/mixed-h800-h20-l40s.yaml",
            "--workload", "traces/data/workloads/qwen2.5-1.5b-math-short.yaml",
-           "--plan", "traces/data/plans/mixed-async.json", "--steps", "3"]
+           "--plan", "traces/data/plans/mixed-math-short.json", "--steps", "3"]
     assert "simulating" in _stderr_on_a_terminal(*sim)
     assert "simulating" not in _stderr_on_a_terminal(*sim, "--quiet")
     piped = subprocess.run([sys.executable, "-m", "planner.cli", *sim], capture_output=True, text=True, check=True)

@@ -261,7 +261,7 @@ def test_huge_inputs_are_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert obj is not None and obj["samples_per_s"] > 0
     assert time.monotonic() - t0 < SECONDS_PER_CALL
     argv = ["simulate", "--cluster", "traces/data/clusters/mixed-h800-h20-l40s.yaml", "--workload", str(job),
-            "--plan", "traces/data/plans/mixed-async.json"]
+            "--plan", "traces/data/plans/mixed-math-short.json"]
     code, _, err = _run(capsys, argv)
     assert code == 2 and "at most 20,000,000" in err
 

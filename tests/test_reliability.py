@@ -48,7 +48,7 @@ def _cli(*argv: str) -> bytes:
 def test_seeded_results_are_byte_identical_across_processes(tmp_path: Path) -> None:
     c = "traces/data/clusters/mixed-h800-h20-l40s.yaml"
     w = "traces/data/workloads/qwen2.5-1.5b-math-short.yaml"
-    sim = ["simulate", "--cluster", c, "--workload", w, "--plan", "traces/data/plans/mixed-async.json",
+    sim = ["simulate", "--cluster", c, "--workload", w, "--plan", "traces/data/plans/mixed-math-short.json",
            "--steps", "4", "--seed", "3", "--json"]
     assert _cli(*sim) == _cli(*sim)
     plans = []

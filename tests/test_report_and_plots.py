@@ -18,7 +18,7 @@ from traces import CostModel, example_cluster, example_workload, load_plan
 CM = CostModel.roofline_only()
 CLUSTER = example_cluster("mixed-h800-h20-l40s")
 WORKLOAD = example_workload("qwen2.5-1.5b-math-short")
-PLAN = load_plan("traces/data/plans/mixed-async.json")
+PLAN = load_plan("traces/data/plans/mixed-math-short.json")
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def test_report_renders_in_headless_chromium(cli, tmp_path: Path) -> None:  # ty
     """The page opens from disk with no server; every image decodes and the plan table is there."""
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     assert browser, "Chromium is missing: `make test` installs the Debian package chromium"
-    res = cli("report", "traces/data/plans/mixed-async.json",
+    res = cli("report", "traces/data/plans/mixed-math-short.json",
               "--cluster", "traces/data/clusters/mixed-h800-h20-l40s.yaml",
               "--workload", "traces/data/workloads/qwen2.5-1.5b-math-short.yaml",
               "--out", str(tmp_path), "--steps", "3")

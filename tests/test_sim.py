@@ -107,7 +107,7 @@ def _cases(draw: st.DrawFn) -> tuple[Cluster, Workload, Plan, int]:
         LengthDist(kind="lognormal", mean=300, sigma=draw(st.floats(0.2, 1.5)), cap=2000),
     ]))
     w = Workload(model=get_model("qwen2.5-1.5b"), prompts_per_step=draw(st.integers(1, 8)),
-                 group_size=draw(st.integers(1, 8)), prompt_len=LengthDist(kind="uniform", low=16, high=128),
+                 group_size=draw(st.integers(2, 8)), prompt_len=LengthDist(kind="uniform", low=16, high=128),
                  response_len=resp, mode=mode, staleness=eta, interruptible=draw(st.booleans()),
                  reward_seconds=draw(st.sampled_from([0.0, 0.05])))
     gen_gpus = nodes[gen] * 8 - (8 if gen == trainer else 0)

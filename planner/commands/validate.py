@@ -7,6 +7,7 @@ from typing import Any
 
 from planner.cli import emit
 from traces import SpecError, load_cluster, load_plan, load_workload
+from traces.plan_check import check_plan
 
 
 def register(sub: Any) -> None:
@@ -39,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.plan:
         p = load_plan(args.plan)
+        if args.cluster:  # the whole plan against its cluster (and workload): every problem at once
+            check_plan(c, w if args.workload else None, p)
         obj["plan"] = {"mode": p.mode, "gpus": p.gpus_by_type, "total_gpus": p.total_gpus}
         lines.append(f"plan: {p.mode}, {p.total_gpus} GPUs, {p.gpus_by_type}")
     obj["ok"] = True
