@@ -261,7 +261,8 @@ def _best_homogeneous(cm: CostModel, cluster: Cluster, workload: Workload, budge
                       sim_steps: int, seed: int) -> Scored | None:
     """For each GPU type of the cluster: as many of its nodes as the budget buys (availability aside)."""
     best: Scored | None = None
-    for group in cluster.node_groups:
+    kinds = {(g.gpu, g.gpus_per_node, g.inter_node_gb_per_s): g for g in reversed(cluster.node_groups)}
+    for group in reversed(kinds.values()):  # one baseline per kind of node, first group of each kind
         node_price = group.gpus_per_node * group.gpu.price_per_gpu_hour
         nodes = int(budget // node_price) if node_price > 0 else group.nodes
         if nodes < 1:

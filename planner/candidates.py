@@ -31,14 +31,15 @@ RECOMPUTE = ("none", "selective", "full")
 
 @dataclass(frozen=True)
 class Pool:
-    """One node group: nodes first_node .. first_node + nodes - 1 of the cluster."""
+    """Identical nodes (node groups of one GPU type, node size, network, label and price, merged):
+    `node_ids` are their cluster node indices, in file order."""
 
     index: int
     gpu: GpuType  # priced as in the cluster file
     nodes: int
     per_node: int
     inter_node_bytes_per_s: float
-    first_node: int
+    node_ids: tuple[int, ...]
     label: str | None
 
     @property
@@ -128,11 +129,18 @@ class Candidates:
 
 
 def pools_of(cluster: Cluster) -> tuple[Pool, ...]:
-    pools, first = [], 0
-    for i, g in enumerate(cluster.node_groups):
-        pools.append(Pool(i, g.gpu, g.nodes, g.gpus_per_node, g.inter_node_gb_per_s * 1e9, first, g.label))
+    """One pool per kind of node: a cluster written one node per group plans as fast as one group."""
+    merged: dict[tuple[object, ...], tuple[GpuType, int, float, list[int], str | None]] = {}
+    first = 0
+    for g in cluster.node_groups:
+        gpu = g.gpu
+        key = (gpu, g.gpus_per_node, g.inter_node_gb_per_s, g.label)
+        if key not in merged:
+            merged[key] = (gpu, g.gpus_per_node, g.inter_node_gb_per_s * 1e9, [], g.label)
+        merged[key][3].extend(range(first, first + g.nodes))
         first += g.nodes
-    return tuple(pools)
+    return tuple(Pool(i, gpu, len(ids), per_node, bw, tuple(ids), label)
+                 for i, (gpu, per_node, bw, ids, label) in enumerate(merged.values()))
 
 
 def _divisors(n: int) -> list[int]:

@@ -93,9 +93,11 @@ def marginal_values(cm: CostModel, cluster: Cluster, workload: Workload, mode: M
     base = best(cluster)
     out: dict[str, float] = {}
     for i, group in enumerate(cluster.node_groups):
+        name = group.gpu_type if group.label is None else f"{group.gpu_type}@{group.label}"
+        if name in out:  # one more node of a kind already asked (identical groups plan as one pool)
+            continue
         groups = list(cluster.node_groups)
         groups[i] = group.model_copy(update={"nodes": group.nodes + 1})
         gain = best(cluster.model_copy(update={"node_groups": tuple(groups)})) - base
-        name = group.gpu_type if group.label is None else f"{group.gpu_type}@{group.label}"
         out[name] = float(np.round(max(gain, 0.0) / group.gpus_per_node, 6))
     return out

@@ -18,14 +18,14 @@ from traces.links import sync_path_bytes_per_s
 
 def _nodes_for_engines(pool: Pool, skip: int, counts: list[tuple[EngineOption, int]]) -> list[tuple[int, ...]]:
     """Node indices per engine option, filling the pool's nodes after the first `skip`."""
-    node, free = pool.first_node + skip, pool.per_node
+    at, free = skip, pool.per_node
     out = []
     for option, count in counts:
         used: list[int] = []
         for _ in range(count):
             if free < option.tp:
-                node, free = node + 1, pool.per_node
-            used.append(node)
+                at, free = at + 1, pool.per_node
+            used.append(pool.node_ids[at])
             free -= option.tp
         out.append(tuple(sorted(set(used))))
     return out
@@ -49,7 +49,7 @@ def to_plan(cluster: Cluster, workload: Workload, cand: Candidates, solution: So
     t = solution.trainer
     t_pool = cand.pools[t.pool]
     trainer = TrainerGroup(gpu_type=t_pool.gpu.name, dp=t.dp, tp=t.tp, pp=t.pp, zero_stage=t.zero_stage,  # type: ignore[arg-type]
-                           recompute=t.recompute, nodes=tuple(range(t_pool.first_node, t_pool.first_node + t.nodes)))  # type: ignore[arg-type]
+                           recompute=t.recompute, nodes=t_pool.node_ids[: t.nodes])  # type: ignore[arg-type]
     rollout: list[RolloutGroup] = []
     for pool in cand.pools:
         counts = [(o, n) for o, n in solution.engines if o.pool == pool.index]

@@ -90,3 +90,23 @@ def test_two_prices_of_one_gpu_type_price_the_plan_alike_everywhere() -> None:
     t = r.plan.trainer
     moved = r.plan.model_copy(update={"trainer": t.model_copy(update={"nodes": (0,) if t.nodes != (0,) else (1,)})})
     assert plan_price_per_hour(cluster, moved) != pytest.approx(planned)
+
+
+def test_identical_node_groups_plan_as_one() -> None:
+    """A fleet written one node per group is the same fleet: one pool per kind, the same plan, nodes kept."""
+    from planner.candidates import pools_of
+
+    workload = example_workload("qwen2.5-1.5b-math-short")
+    split = Cluster(name="one-per-group", node_groups=tuple(
+        {"gpu_type": t, "nodes": 1, "gpus_per_node": 8} for t in ["H800", "H20"] * 6))
+    whole = Cluster(name="grouped", node_groups=({"gpu_type": "H800", "nodes": 6, "gpus_per_node": 8},
+                                                 {"gpu_type": "H20", "nodes": 6, "gpus_per_node": 8}))
+    pools = pools_of(split)
+    assert [(p.gpu.name, p.node_ids) for p in pools] == [("H800", (0, 2, 4, 6, 8, 10)), ("H20", (1, 3, 5, 7, 9, 11))]
+    a = plan_report(split, workload, cost_model=CM, baselines=False, marginal=False, sim_steps=0)
+    b = plan_report(whole, workload, cost_model=CM, baselines=False, marginal=False, sim_steps=0)
+    assert a.chosen.solution.samples_per_s == pytest.approx(b.chosen.solution.samples_per_s)
+    t = a.plan.trainer
+    assert t.nodes and all(split.group_of_node(n).gpu.name == t.gpu_type for n in t.nodes)
+    for g in a.plan.rollout:
+        assert all(split.group_of_node(n).gpu.name == g.gpu_type for n in g.nodes)
