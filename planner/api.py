@@ -35,6 +35,7 @@ class Scored:
     plan: Plan
     solution: Solution
     simulated: SimResult | None
+    cand: Candidates = field(repr=False, compare=False)  # the options it was solved from (pool indices)
 
     @property
     def samples_per_s(self) -> float:
@@ -91,7 +92,7 @@ def _score(name: str, cm: CostModel, cluster: Cluster, workload: Workload, cand:
     sol = reprice_sync(cm, cluster, workload, cand, sol, plan)
     result = simulate(cluster, _for_mode(workload, sol.mode), plan, cm, steps=sim_steps, seed=seed,
                       record_queue=False) if sim_steps > 0 else None
-    return Scored(name, plan, sol, result)
+    return Scored(name, plan, sol, result, cand)
 
 
 def _for_mode(workload: Workload, mode: Mode) -> Workload:
@@ -116,22 +117,22 @@ def plan_report(
     t0 = time.perf_counter()
     cand = candidates(cm, cluster, workload)
     mode: Mode = workload.mode
-    found = solve(cand, mode, objective, budget, target, top_k, solver)
+    found = [(cand, s) for s in solve(cand, mode, objective, budget, target, top_k, solver)]
     if not found:
         explain_empty(cm, cluster, workload, cand, mode, objective, budget, target, solver)
+    found += _without_slow_links(cm, cluster, workload, mode, objective, budget, target, solver)
     t1 = time.perf_counter()
     with bar(len(found), "simulating the top plans", unit="plan") as progress:
-        ranked = tuple(_tick(progress, _score(f"top-{i + 1}", cm, cluster, workload, cand, s, sim_steps, seed))
-                       for i, s in enumerate(found))
+        ranked = tuple(_tick(progress, _score(f"top-{i + 1}", cm, cluster, workload, c, s, sim_steps, seed))
+                       for i, (c, s) in enumerate(found))
     if sim_steps > 0 and refine > 0:
-        ranked = _refine(cm, cluster, workload, cand, ranked, objective, budget, target, solver, sim_steps, seed,
-                         refine)
+        ranked = _refine(cm, cluster, workload, ranked, objective, budget, target, solver, sim_steps, seed, refine)
     if objective == "cost" and target is not None and sim_steps > 0:
-        ranked = _meet_target(cm, cluster, workload, cand, ranked, budget, target, top_k, solver, sim_steps, seed)
+        ranked = _meet_target(cm, cluster, workload, ranked, budget, target, top_k, solver, sim_steps, seed)
     chosen = _pick(ranked, objective, target)
     t2 = time.perf_counter()
     spend = budget if budget is not None else chosen.solution.cost_per_hour
-    base = _baselines(cm, cluster, workload, cand, chosen, spend, solver, sim_steps, seed) if baselines else {}
+    base = _baselines(cm, cluster, workload, chosen, spend, solver, sim_steps, seed) if baselines else {}
     # A baseline that runs on this cluster in the asked mode is a plan too: never return a worse one.
     rivals = [b for b in base.values() if b.plan.mode == chosen.plan.mode and within(cluster, b.plan)]
     chosen = _pick((chosen, *rivals), objective, target) if sim_steps > 0 else chosen
@@ -153,7 +154,7 @@ def plan(cluster: Cluster, workload: Workload, objective: Objective = "throughpu
     return plan_report(cluster, workload, objective=objective, budget=budget, top_k=top_k, **kw).plan
 
 
-def _refine(cm: CostModel, cluster: Cluster, workload: Workload, cand: Candidates, ranked: tuple[Scored, ...],
+def _refine(cm: CostModel, cluster: Cluster, workload: Workload, ranked: tuple[Scored, ...],
             objective: Objective, budget: float | None, target: float | None, solver: str, sim_steps: int,
             seed: int, rounds: int) -> tuple[Scored, ...]:
     """Hill-climb on the trainer's size around the best simulated plan, one size step at a time.
@@ -164,18 +165,18 @@ def _refine(cm: CostModel, cluster: Cluster, workload: Workload, cand: Candidate
     neighbour simulates better (at most `rounds` moves).
     """
     out = list(ranked)
-    seen = {(s.solution.trainer.pool, s.solution.trainer.nodes) for s in ranked}
+    seen = {(id(s.cand), s.solution.trainer.pool, s.solution.trainer.nodes) for s in ranked}
     best = _pick(ranked, objective, target)
     for _ in range(rounds):
-        t = best.solution.trainer
+        t, cand = best.solution.trainer, best.cand
         moved = False
         sizes = sorted(o.nodes for o in cand.trainers if o.pool == t.pool)
         i = sizes.index(t.nodes)
         near = set(sizes[max(0, i - 1):i + 2]) - {t.nodes}  # the next smaller and larger sizes
         for option in cand.trainers:
-            if option.pool != t.pool or option.nodes not in near or (option.pool, option.nodes) in seen:
+            if option.pool != t.pool or option.nodes not in near or (id(cand), option.pool, option.nodes) in seen:
                 continue
-            seen.add((option.pool, option.nodes))
+            seen.add((id(cand), option.pool, option.nodes))
             only = dataclasses.replace(cand, trainers=(option,))
             found = solve(only, best.solution.mode, objective, budget, target, 1, solver)
             if not found:
@@ -190,7 +191,7 @@ def _refine(cm: CostModel, cluster: Cluster, workload: Workload, cand: Candidate
     return tuple(out)
 
 
-def _meet_target(cm: CostModel, cluster: Cluster, workload: Workload, cand: Candidates, ranked: tuple[Scored, ...],
+def _meet_target(cm: CostModel, cluster: Cluster, workload: Workload, ranked: tuple[Scored, ...],
                  budget: float | None, target: float, top_k: int, solver: str, sim_steps: int, seed: int,
                  rounds: int = 4) -> tuple[Scored, ...]:
     """Cost objective: re-solve with the analytic target raised by the simulated shortfall until a
@@ -204,10 +205,11 @@ def _meet_target(cm: CostModel, cluster: Cluster, workload: Workload, cand: Cand
         asked = max(asked * 1.05, target / ratio if ratio > 0 else math.inf)
         if not math.isfinite(asked):
             break
-        found = solve(cand, best.solution.mode, "cost", budget, asked, top_k, solver)
+        found = solve(best.cand, best.solution.mode, "cost", budget, asked, top_k, solver)
         if not found:
             break
-        out.extend(_score(f"target-{len(out) + 1}", cm, cluster, workload, cand, s, sim_steps, seed) for s in found)
+        out.extend(_score(f"target-{len(out) + 1}", cm, cluster, workload, best.cand, s, sim_steps, seed)
+                   for s in found)
     if any(s.samples_per_s >= target for s in out):
         return tuple(out)
     top = max(out, key=lambda s: s.samples_per_s)
@@ -220,6 +222,23 @@ def within(cluster: Cluster, plan: Plan) -> bool:
     """Whether the cluster has the GPUs the plan uses (a budget-equal baseline may not)."""
     have = cluster.gpu_counts
     return all(n <= have.get(t, 0) for t, n in plan.gpus_in_use.items())
+
+
+def _without_slow_links(cm: CostModel, cluster: Cluster, workload: Workload, mode: Mode, objective: Objective,
+                        budget: float | None, target: float | None, solver: str) -> list[tuple[Candidates, Solution]]:
+    """The best plan that leaves out the nodes below each network speed, one per speed tier.
+
+    Weight sync waits for the slowest link to any engine, so slow-linked nodes can cost more than
+    they add; the MILP prices sync once for the whole fleet. Solving again without them makes the
+    fleet's plan without its slow nodes always a candidate: more nodes never make the plan worse.
+    """
+    speeds = sorted({g.inter_node_gb_per_s * 1e9 for g in cluster.node_groups}, reverse=True)
+    out = []
+    for floor in speeds[:-1]:
+        cand = candidates(cm, cluster, workload, min_link_bytes_per_s=floor)
+        found = solve(cand, mode, objective, budget, target, 1, solver) if cand.trainers else []
+        out += [(cand, s) for s in found]
+    return out
 
 
 def _tick(progress: Any, value: Any) -> Any:
@@ -237,7 +256,7 @@ def _pick(ranked: tuple[Scored, ...], objective: Objective, target: float | None
 
 
 # ---- baselines ----------------------------------------------------------------------------------
-def _baselines(cm: CostModel, cluster: Cluster, workload: Workload, cand: Candidates, chosen: Scored, budget: float,
+def _baselines(cm: CostModel, cluster: Cluster, workload: Workload, chosen: Scored, budget: float,
                solver: str, sim_steps: int, seed: int) -> dict[str, Scored]:
     out: dict[str, Scored] = {}
     homog = _best_homogeneous(cm, cluster, workload, budget, solver, sim_steps, seed)
@@ -245,7 +264,8 @@ def _baselines(cm: CostModel, cluster: Cluster, workload: Workload, cand: Candid
         out["homogeneous"] = homog
     if chosen.solution.mode != "colocated":
         for share in (0.75, 0.5):
-            split = _fixed_split(cm, cluster, workload, cand, chosen.solution, share, solver, sim_steps, seed)
+            split = _fixed_split(cm, cluster, workload, chosen.cand, chosen.solution, share, solver, sim_steps,
+                                 seed)
             if split is not None:
                 out[f"split-{round(share * 100)}/{round((1 - share) * 100)}"] = split
     colo_workload = _for_mode(workload, "colocated")

@@ -249,9 +249,13 @@ def trainer_options(
 
 
 def candidates(cm: CostModel, cluster: Cluster, workload: Workload, *, staleness: int | None = None,
-               max_trainer_nodes: int | None = None) -> Candidates:
-    """Every option worth considering; `staleness` defaults to the workload's."""
+               max_trainer_nodes: int | None = None, min_link_bytes_per_s: float = 0.0) -> Candidates:
+    """Every option worth considering; `staleness` defaults to the workload's; only nodes whose
+    network reaches `min_link_bytes_per_s` take part."""
     pools = pools_of(cluster)
+    if min_link_bytes_per_s > 0:
+        kept = [p for p in pools if p.inter_node_bytes_per_s >= min_link_bytes_per_s]
+        pools = tuple(dataclasses.replace(p, index=i) for i, p in enumerate(kept))
     sync = estimated_sync_seconds(cm, pools, workload)
     engines = engine_options(cm, pools, workload, sync)
     trainers = trainer_options(cm, pools, workload, sync, max_trainer_nodes)

@@ -22,7 +22,7 @@ from sim.samples import Samples
 from sim.trainer import Trainer
 from traces import Cluster, CostModel, Plan, SpecError, Workload
 from traces.costmodel.rl import trainer_step_seconds
-from traces.links import sync_path_bytes_per_s
+from traces.links import groups_under, sync_path_bytes_per_s
 from traces.plan import RolloutGroup
 from traces.plan_check import check_plan
 from traces.pricing import plan_price_per_hour
@@ -71,7 +71,7 @@ def _engine_specs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Pla
 def _step_costs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan
                 ) -> Callable[[int], tuple[float, float]]:
     t = plan.trainer
-    groups = cluster.groups_of(t.gpu_type)
+    groups = groups_under(cluster, t.gpu_type, t.nodes)  # the trainer's own nodes' network, not its type's slowest
     kw = {"zero_stage": t.zero_stage, "recompute": t.recompute, "gpus_per_node": groups[0].gpus_per_node,
           "inter_node_bytes_per_s": min(g.inter_node_gb_per_s for g in groups) * 1e9}
 
