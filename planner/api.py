@@ -377,8 +377,9 @@ class Change:
 
 def what_if(cluster: Cluster, workload: Workload, changes: list[Change | dict[str, Any]], *,
             cost_model: CostModel | None = None, sim_steps: int | None = None, seed: int = 0, solver: str = "auto",
-            budget: float | None = None) -> pd.DataFrame:
-    """One row per variant (the unchanged fleet first): plan it, simulate it, report it."""
+            budget: float | None = None, top_k: int = 3) -> pd.DataFrame:
+    """One row per variant (the unchanged fleet first): plan it as `plan` would (same search, same
+    defaults: its baseline row is `plan`'s answer), simulate it, report it."""
     cm = cost_model or CostModel()
     variants = [Change("baseline")] + [c if isinstance(c, Change) else Change(**c) for c in changes]
     rows = []
@@ -386,7 +387,7 @@ def what_if(cluster: Cluster, workload: Workload, changes: list[Change | dict[st
         c2, w2 = apply_change(cluster, workload, change)
         spend = change.budget if change.budget is not None else budget
         try:
-            r = plan_report(c2, w2, budget=spend, top_k=1, cost_model=cm, solver=solver, sim_steps=sim_steps,
+            r = plan_report(c2, w2, budget=spend, top_k=top_k, cost_model=cm, solver=solver, sim_steps=sim_steps,
                             seed=seed, baselines=False, marginal=False)
         except SpecError as exc:
             rows.append({"variant": change.name, "samples_per_s": 0.0, "note": str(exc)})

@@ -135,3 +135,12 @@ def test_a_slow_linked_node_added_to_the_shipped_fleet_costs_nothing() -> None:
     a = plan_report(cluster, workload, baselines=False, marginal=False).chosen.samples_per_s
     b = plan_report(slow, workload, baselines=False, marginal=False).chosen.samples_per_s
     assert b >= a * 0.98, (a, b)
+
+
+def test_what_if_baseline_row_is_plans_answer() -> None:
+    from planner.api import what_if
+
+    cluster, workload = _random_fleet(random.Random(3))
+    frame = what_if(cluster, workload, [], cost_model=CM)
+    planned = plan_report(cluster, workload, cost_model=CM, baselines=False, marginal=False)
+    assert frame.loc[0, "samples_per_s"] == planned.chosen.samples_per_s
