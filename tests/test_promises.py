@@ -144,3 +144,20 @@ def test_what_if_baseline_row_is_plans_answer() -> None:
     frame = what_if(cluster, workload, [], cost_model=CM)
     planned = plan_report(cluster, workload, cost_model=CM, baselines=False, marginal=False)
     assert frame.loc[0, "samples_per_s"] == planned.chosen.samples_per_s
+
+
+def test_rollout_logprobs_skip_the_recompute_pass() -> None:
+    """verl's rollout-side logprobs / AReaL without the decoupled loss: the trainer runs no forward pass
+    for the old policy, so a step is shorter by exactly that pass (and by two with a KL reference)."""
+    from traces import get_gpu
+    from traces.costmodel.rl import trainer_step_seconds
+
+    base = _random_fleet(random.Random(0))[1]
+    kw = {"zero_stage": 1, "recompute": "none", "gpus_per_node": 8, "inter_node_bytes_per_s": 50e9}
+    h800 = get_gpu("H800")
+    for kl in (False, True):
+        w = base.model_copy(update={"kl_reference": kl})
+        lp, train = trainer_step_seconds(CM, h800, w, 8, 1, 1, 100_000, **kw)
+        lp2, train2 = trainer_step_seconds(CM, h800, w.model_copy(update={"rollout_logprobs": True}), 8, 1, 1,
+                                           100_000, **kw)
+        assert train2 == train and lp2 == pytest.approx(lp * (0.5 if kl else 0.0))

@@ -128,6 +128,9 @@ class Workload(BaseModel):
     ppo_minibatches: int = Field(default=1, ge=1, le=1024)
     kl_reference: bool = Field(
         default=False, description="KL penalty to a frozen reference policy: one more forward pass per step")
+    rollout_logprobs: bool = Field(
+        default=False, description="the loss takes the engines' per-token logprobs as the old policy's "
+        "(verl's rollout.calculate_log_probs, AReaL's use_decoupled_loss off): no trainer recompute pass")
 
     @field_validator("model", mode="before")
     @classmethod

@@ -1,7 +1,8 @@
 """Per-step costs of an RL trainer, shared by the simulator and the planner.
 
-One trainer step over a batch: the proximal policy's logprobs (and the reference policy's where
-the loss has a KL term), then `ppo_minibatches` optimizer steps over equal slices of the batch.
+One trainer step over a batch: the proximal policy's logprobs (unless the engines returned them:
+`rollout_logprobs`), the reference policy's where the loss has a KL term, then `ppo_minibatches`
+optimizer steps over equal slices of the batch.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ def trainer_step_seconds(
     """(logprob seconds, train seconds) of one step over `tokens` tokens; vectorised over configs."""
     kw = {"seq_len": workload.mean_tokens_per_sample, "microbatch_tokens": workload.max_seq_len,
           "zero_stage": zero_stage, "gpus_per_node": gpus_per_node, "inter_node_bytes_per_s": inter_node_bytes_per_s}
-    passes = 2 if workload.kl_reference else 1
+    # the old policy's logprobs (recomputed unless the engines returned them) and the reference's
+    passes = (0 if workload.rollout_logprobs else 1) + (1 if workload.kl_reference else 0)
     m = workload.ppo_minibatches
     logprob = passes * cm.logprob(gpu, workload.model, dp, tp, pp, tokens, **kw).seconds
     train = m * cm.train(gpu, workload.model, dp, tp, pp, np.asarray(tokens, float) / m, recompute=recompute,
