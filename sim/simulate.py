@@ -46,11 +46,11 @@ class _EngineSpec:
 def _engine_specs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan) -> list[_EngineSpec]:
     model = workload.model
     engines = sum(g.instances for g in plan.rollout)
-    cap_running = cm.efficiency.max_num_seqs
-    if plan.max_concurrent_rollouts is not None:
-        cap_running = min(cap_running, math.ceil(plan.max_concurrent_rollouts / engines))
     specs = []
     for gi, g in enumerate(plan.rollout):
+        cap_running = g.max_num_seqs or cm.efficiency.max_num_seqs  # the plan's cap, else vLLM's default
+        if plan.max_concurrent_rollouts is not None:
+            cap_running = min(cap_running, math.ceil(plan.max_concurrent_rollouts / engines))
         gpu = cluster.gpu(g.gpu_type)
         kv = float(cm.kv_capacity_tokens(gpu, model, g.tp))
         if kv < workload.max_seq_len:

@@ -32,6 +32,8 @@ class RolloutGroup(BaseModel):
     tp: int = Field(default=1, ge=1, le=64)
     instances: int = Field(ge=1, le=1_000_000)
     nodes: tuple[int, ...] = Field(default=(), description="concrete node indices, if placed")
+    max_num_seqs: int | None = Field(default=None, ge=1, le=65536,
+                                     description="running sequences per engine (vLLM max_num_seqs); None: 256")
 
     _gpu = field_validator("gpu_type", mode="before")(_canonical_gpu)
 

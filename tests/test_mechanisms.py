@@ -1,0 +1,27 @@
+"""Mechanisms that decide an RL step, each a field a user sets, each moving the prediction the way it should."""
+
+from __future__ import annotations
+
+from sim import simulate
+from traces import Cluster, CostModel, Plan, RolloutGroup, TrainerGroup, Workload, get_model
+from traces.workload import LengthDist
+
+CM = CostModel.roofline_only()
+CLUSTER = Cluster(name="c", node_groups=({"gpu_type": "H800", "nodes": 1}, {"gpu_type": "H20", "nodes": 1}))
+
+
+def _rate(max_num_seqs: int | None) -> float:
+    w = Workload(model=get_model("qwen2.5-1.5b"), prompts_per_step=128, group_size=8,
+                 prompt_len=LengthDist(kind="fixed", value=128), response_len=LengthDist(kind="fixed", value=512),
+                 staleness=2, interruptible=False)
+    plan = Plan(mode="async", staleness=2, trainer=TrainerGroup(gpu_type="H800", dp=8),
+                rollout=(RolloutGroup(gpu_type="H20", instances=2, tp=4, max_num_seqs=max_num_seqs),))
+    return simulate(CLUSTER, w, plan, CM, steps=6, seed=0).samples_per_s
+
+
+def test_running_sequence_cap_is_a_plan_field() -> None:
+    """vLLM's max_num_seqs: a decode-bound engine does more with more sequences running, up to its KV
+    cache (here 2 engines and 3,072 samples in flight, so a cap of 1,024 still binds, 256 more so)."""
+    low, default, high = _rate(64), _rate(None), _rate(1024)
+    assert low < default < high
+    assert _rate(256) == default  # None is vLLM's default of 256
