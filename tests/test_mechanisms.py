@@ -25,3 +25,13 @@ def test_running_sequence_cap_is_a_plan_field() -> None:
     low, default, high = _rate(64), _rate(None), _rate(1024)
     assert low < default < high
     assert _rate(256) == default  # None is vLLM's default of 256
+
+
+def test_a_capped_lognormal_may_have_its_uncapped_mean_above_the_cap() -> None:
+    """Runs whose answers mostly hit the length limit (a long-CoT model at a 4k cap) are describable."""
+    import numpy as np
+
+    d = LengthDist(kind="lognormal", mean=6000, sigma=0.5, cap=4096)
+    draws = d.sample(np.random.default_rng(0), 10_000)
+    assert draws.max() == 4096 and (draws == 4096).mean() > 0.65  # P(L > 4096) = 0.70 for this lognormal
+    assert 3500 < d.expected() < 4096
