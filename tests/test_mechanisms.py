@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from sim import simulate
 from traces import Cluster, CostModel, Plan, RolloutGroup, TrainerGroup, Workload, get_model
 from traces.workload import LengthDist
@@ -35,3 +37,21 @@ def test_a_capped_lognormal_may_have_its_uncapped_mean_above_the_cap() -> None:
     draws = d.sample(np.random.default_rng(0), 10_000)
     assert draws.max() == 4096 and (draws == 4096).mean() > 0.65  # P(L > 4096) = 0.70 for this lognormal
     assert 3500 < d.expected() < 4096
+
+
+def test_step_phases_add_up_to_the_step_and_name_verls_metrics() -> None:
+    """`simulate --breakdown`: wait (verl's timing_s/gen in sync modes) + hand-overs + logprob + train +
+    sync is the step, and the steady-state mean step is the result's."""
+    from sim.breakdown import PHASES, mean_phases, step_phases
+
+    w = Workload(model=get_model("qwen2.5-1.5b"), prompts_per_step=32, group_size=8, mode="colocated",
+                 prompt_len=LengthDist(kind="fixed", value=128),
+                 response_len=LengthDist(kind="lognormal", mean=400, sigma=0.8, cap=2048))
+    plan = Plan(mode="colocated", rollout=(RolloutGroup(gpu_type="H800", instances=8),),
+                trainer=TrainerGroup(gpu_type="H800", dp=8))
+    r = simulate(CLUSTER, w, plan, CM, steps=4, seed=0)
+    steps = step_phases(r.timeline)
+    assert len(steps) == 4 and (steps.switch > 0).all() and (steps.wait > steps.train).all()
+    parts = steps[[p for p in PHASES if p != "step"]].sum(axis=1)
+    assert (abs(parts - steps.step) < 1e-9).all()
+    assert mean_phases(r.timeline, 0)["step"] == pytest.approx(r.mean_step_s)

@@ -21,6 +21,8 @@ def register(sub: Any) -> None:
     p.add_argument("--token-level", action="store_true", help="one event per decode iteration (reference mode)")
     p.add_argument("--timeline", metavar="CSV", help="write the timeline (one row per interval) to this CSV")
     p.add_argument("--gantt", metavar="PNG", help="write a Gantt chart of the timeline to this PNG")
+    p.add_argument("--breakdown", action="store_true",
+                   help="print the trainer step's phases (wait/gen, switch, logprob, train, sync) as verl logs them")
     add_profile_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
@@ -41,13 +43,23 @@ def run(args: argparse.Namespace) -> int:
         gantt(r).savefig(buf, format="png", dpi=110)
         atomic_write_bytes(args.gantt, buf.getvalue())
     util = ", ".join(f"{k} {v:.0%}" for k, v in r.utilization.items())
-    emit(r.summary(), args.json, [
+    summary = r.summary()
+    phases: list[str] = []
+    if args.breakdown:
+        from sim.breakdown import VERL_KEYS, mean_phases
+
+        summary["phases"] = mean_phases(r.timeline, plan.staleness)
+        phases = ["  phases      steady-state mean seconds per step (verl's metric):"] + [
+            f"    {name:<8} {value:8.3f}" + (f"  ({VERL_KEYS[name]})" if name in VERL_KEYS else "")
+            for name, value in summary["phases"].items()]
+    emit(summary, args.json, [
         f"{plan.mode} plan, {plan.total_gpus} GPUs, {args.steps} steps of {workload.samples_per_step} samples:",
         f"  throughput  {r.samples_per_s:,.2f} samples/s, {r.tokens_per_s:,.0f} tokens/s",
         f"  step time   mean {r.mean_step_s:.2f} s",
         f"  staleness   max {r.max_staleness} (bound {plan.staleness})",
         f"  busy        {util}",
         f"  cost        ${r.cost_per_hour:,.2f}/h, ${r.cost_per_1k_samples:.3f} per 1k samples",
+        *phases,
         *( [f"  timeline -> {args.timeline}"] if args.timeline else []),
         *( [f"  gantt    -> {args.gantt}"] if args.gantt else []),
     ])

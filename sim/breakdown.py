@@ -1,0 +1,47 @@
+"""Per-step phases of a simulated (or recorded) run, named as RL frameworks log them.
+
+verl logs `timing_s/gen`, `timing_s/old_log_prob` (+ `timing_s/ref`), `timing_s/update_actor` and
+`timing_s/step` per step; AReaL logs the same phases under its own names. The timeline's trainer
+rows give them: a step's `wait` runs from the end of the previous step's weight push to the start of
+its logprob pass, hand-overs aside (in sync and colocated modes that is the batch's generation,
+verl's `gen`; in async mode it is what generation could not hide), then `logprob` (old policy, and
+the reference's where the loss has a KL term), `train` (the PPO minibatches) and `sync` (the weight
+push); colocated plans add `switch`, the two hand-overs between engines and trainer. Means are over
+the steady-state steps, as throughput is (traces.records.warm_steps).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from traces.records import warm_steps
+
+PHASES = ("wait", "switch", "logprob", "train", "sync", "step")
+# How verl names each phase in its per-step metrics (rlfleet calibrate reads them back).
+VERL_KEYS = {"wait": "timing_s/gen", "logprob": "timing_s/old_log_prob", "train": "timing_s/update_actor",
+             "sync": "timing_s/update_weights", "step": "timing_s/step"}
+
+
+def step_phases(timeline: pd.DataFrame) -> pd.DataFrame:
+    """One row per trainer step (its weight push ends it): wait, switch, logprob, train, sync, step seconds."""
+    rows = timeline[timeline.resource == "trainer"].sort_values("start", kind="stable")
+    steps: list[dict[str, float]] = []
+    begun, current = 0.0, {p: 0.0 for p in PHASES}
+    for activity, start, end in zip(rows.activity, rows.start, rows.end, strict=True):
+        if activity == "logprob" and current["logprob"] == 0.0:
+            current["wait"] = max(0.0, float(start) - begun - current["switch"])
+        if activity in current:
+            current[activity] += float(end) - float(start)
+        if activity == "sync":  # the push ends the step
+            current["step"] = float(end) - begun
+            steps.append(current)
+            begun, current = float(end), {p: 0.0 for p in PHASES}
+    return pd.DataFrame(steps, columns=list(PHASES))
+
+
+def mean_phases(timeline: pd.DataFrame, staleness: int) -> dict[str, float]:
+    """Steady-state mean seconds of each phase."""
+    steps = step_phases(timeline)
+    warm = warm_steps(staleness, len(steps))
+    tail = steps.iloc[warm:] if len(steps) > warm else steps
+    return {p: float(tail[p].mean()) if len(tail) else 0.0 for p in PHASES}
