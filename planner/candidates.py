@@ -128,7 +128,8 @@ class Candidates:
 def pools_of(cluster: Cluster) -> tuple[Pool, ...]:
     pools, first = [], 0
     for i, g in enumerate(cluster.node_groups):
-        pools.append(Pool(i, g.gpu, g.nodes, g.gpus_per_node, g.inter_node_gb_per_s * 1e9, first, g.label))
+        gpu = cluster.group_gpu(g)
+        pools.append(Pool(i, gpu, g.nodes, g.gpus_per_node, g.inter_node_gb_per_s * 1e9, first, g.label))
         first += g.nodes
     return tuple(pools)
 

@@ -45,8 +45,9 @@ def check_plan(cluster: Cluster, workload: Workload, plan: Plan) -> None:
     """The plan must fit the cluster and agree with the workload; SpecError says what to fix."""
     have = cluster.gpu_counts
     for gpu_type, n in plan.gpus_in_use.items():
-        if n > have.get(gpu_type, 0):
-            raise SpecError(f"plan uses {n} {gpu_type} GPUs but cluster '{cluster.name}' has {have.get(gpu_type, 0)}")
+        name = cluster.resolve(gpu_type).name  # a plan may spell a cluster's own type in another case
+        if n > have.get(name, 0):
+            raise SpecError(f"plan uses {n} {gpu_type} GPUs but cluster '{cluster.name}' has {have.get(name, 0)}")
     if plan.mode == "colocated":
         if any(g.gpu_type != plan.trainer.gpu_type for g in plan.rollout):
             raise SpecError("colocated plan: rollout groups must use the trainer's GPU type")
