@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from planner.api import Change, apply_change, plan_report
 from traces import Cluster, SpecError, Workload, get_gpu
@@ -137,6 +139,25 @@ def test_bad_gpu_fields_are_one_line_naming_the_field(cli, tmp_path: Path, field
 def test_bad_declarations_are_one_line(cli, tmp_path: Path, gpus: Any, groups: list[dict[str, Any]],
                                        needles: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
     _refused(cli("validate", "--cluster", str(_write_cluster(tmp_path, gpus, groups))), *needles)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=st.sampled_from(sorted(_twin("L4", "Mine"))),
+       value=st.sampled_from([0, -1, 1e30, 2.5, float("nan"), "eight", None, [], {"a": 1}, True, "ü" * 300, "ok"]))
+def test_any_bad_gpu_field_is_one_line_or_accepted(cli, tmp_path: Path, field: str,
+                                                    value: Any) -> None:  # type: ignore[no-untyped-def]
+    path = _write_cluster(tmp_path, [{**_twin("L4", "Mine"), field: value}], [{"gpu_type": "L4", "nodes": 1}])
+    res = cli("validate", "--cluster", str(path), "--json")
+    if res.code == 0:
+        assert res.json()["cluster"]["own_gpu_types"] == [value if field == "name" else "Mine"]
+    else:
+        _refused(res, f"gpus.0.{field}")
+
+
+def test_costs_with_a_missing_cluster_file(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    _refused(cli("costs", "decode", "--gpu", "Mine", "--cluster", str(tmp_path / "none.yaml"), "--model",
+                 "qwen2.5-7b", "--batch", "1", "--context", "8"), "none.yaml", "no such file")
 
 
 def test_a_plan_naming_a_type_nobody_declares_is_refused(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
