@@ -101,6 +101,16 @@ def _engine_fit_check(cm: CostModel, gpu: GpuType, model: ModelSpec, tp: int) ->
     return False
 
 
+def _kv_note(cm: CostModel, gpu: GpuType, model: ModelSpec, capacity: float, fits: tuple[bool, bool], detail: str,
+             overflow: str) -> str:
+    """The memory line of decode and prefill; `fits` is (the weights fit, the KV cache holds the batch too)."""
+    if fits[1]:
+        return f"fits; KV cache {int(capacity):,} tokens{detail}"
+    if fits[0]:
+        return f"does NOT fit: the KV cache holds {int(capacity):,} tokens, {overflow}"
+    return _fit_hint(cm, gpu, model)
+
+
 def _fit_hint(cm: CostModel, gpu: GpuType, model: ModelSpec) -> str:
     fitting = [t for t in NODE_TP if float(cm.kv_capacity_tokens(gpu, model, t)) >= 1]
     return f"does not fit; the smallest TP that fits is {fitting[0]}" if fitting else "does not fit"
@@ -119,12 +129,8 @@ def decode(args: argparse.Namespace) -> int:
         "context": args.context, "seconds": seconds, "source": str(est.source), "fits": fits,
         "max_batch": max_batch, "kv_capacity_tokens": int(capacity), "tokens_per_s": args.batch / seconds,
     }
-    if fits:
-        note = f"fits; KV cache {int(capacity):,} tokens, max batch at this context {max_batch}"
-    elif weights_fit:
-        note = f"does NOT fit: the KV cache holds {int(capacity):,} tokens, at most {max_batch} sequences"
-    else:
-        note = _fit_hint(cm, gpu, model)
+    note = _kv_note(cm, gpu, model, capacity, (weights_fit, fits), f", max batch at this context {max_batch}",
+                    f"at most {max_batch} sequences")
     emit(obj, args.json, [
         f"decode {model.name} on {gpu.name} TP{args.tp}, batch {args.batch} at context {args.context}:",
         f"  {seconds * 1e3:.2f} ms per iteration ({args.batch / seconds:,.0f} tokens/s)  [source: {est.source}]",
@@ -157,12 +163,7 @@ def prefill(args: argparse.Namespace) -> int:
     obj = {"stage": "prefill", "gpu": gpu.name, "model": model.name, "tp": args.tp, "prompts": prompts,
            "prompt_len": prompt_len, "tokens": tokens, "seconds": seconds, "source": str(est.source), "fits": fits,
            "kv_capacity_tokens": int(capacity), "tokens_per_s": tokens / seconds}
-    if fits:
-        note = f"fits; KV cache {int(capacity):,} tokens"
-    elif weights_fit:
-        note = f"does NOT fit: the KV cache holds {int(capacity):,} tokens, the batch needs {tokens:,}"
-    else:
-        note = _fit_hint(cm, gpu, model)
+    note = _kv_note(cm, gpu, model, capacity, (weights_fit, fits), "", f"the batch needs {tokens:,}")
     batch = f"{prompts} prompts of {prompt_len} tokens" if prompts > 1 else f"{prompt_len} tokens"
     emit(obj, args.json, [
         f"prefill {batch} of {model.name} on {gpu.name} TP{args.tp}:",
