@@ -71,8 +71,6 @@ def model_from_hf(value: Any, name: str | None, origin: str) -> ModelSpec:
     if moe:
         raise SpecError(f"{origin}: a mixture-of-experts config ({moe[0]}); MoE models are not modelled yet, "
                         "use a dense model")
-    if not name:
-        raise SpecError(f"{origin}: an inline hf_config has no name; add name: to the model")
     hf = validate(HfConfig, value, origin)
     if hf.model_type not in FAMILIES:
         raise SpecError(f"{origin}: model_type '{hf.model_type}' is not supported; supported: "
@@ -92,6 +90,8 @@ def model_from_hf(value: Any, name: str | None, origin: str) -> ModelSpec:
     if heads % spec["kv_heads"]:
         raise SpecError(f"{origin}: field 'num_key_value_heads': {spec['kv_heads']} must divide "
                         f"num_attention_heads ({heads})")
+    if not name:
+        raise SpecError(f"{origin}: an inline hf_config has no name; add name: to the model")
     return validate(ModelSpec, spec, origin)
 
 
