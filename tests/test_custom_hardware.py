@@ -116,7 +116,7 @@ def test_cli_validate_costs_plan_simulate_with_a_declared_type(cli, tmp_path: Pa
     ("link_gb_per_s", float("inf"), "finite"), ("host_gb_per_s", "fast", "valid number"),
     ("price_per_gpu_hour", -0.5, "greater than or equal to 0"), ("bf16_tflops", True, "valid number"),
     ("hbm_gb", 1e9, "less than or equal"), ("matmul_ceiling", 1.5, "less than or equal to 1"),
-    ("link_kind", "", "at least 1"), ("link_kind", "nv link", "pattern"), ("name", "Ｘ", "pattern"),
+    ("link_kind", "", "at least 1"), ("link_kind", "<nvlink>", "pattern"), ("name", "Ｘ", "pattern"),
     ("name", "", "at least 1"), ("aliases", ["ok", "bad\x00"], "pattern"),
 ])
 def test_bad_gpu_fields_are_one_line_naming_the_field(cli, tmp_path: Path, field: str, value: Any,

@@ -12,8 +12,8 @@ A cluster file may declare its own types (``gpus:``, see traces/cluster.py) with
   ``link_gb_per_s`` (intra-node GPU-to-GPU, both directions summed, as datasheets give it),
   ``host_gb_per_s`` (PCIe to host, one way; default 32), ``price_per_gpu_hour`` (any currency,
   used consistently): positive finite numbers (a price may be 0).
-- ``link_kind``: free text naming the intra-node link (nvlink, pcie4, ...): shown, never computed
-  with; ``link_gb_per_s`` is what the cost model uses.
+- ``link_kind``: a short label of the intra-node link (nvlink, pcie4, ...; up to 32 letters, digits,
+  space, ``. _ + -``): shown, never computed with; ``link_gb_per_s`` is what the cost model uses.
 - ``matmul_ceiling`` (share of the peak large GEMMs reach, 0-1, default 1), ``source``,
   ``price_source``, ``date``: optional.
 """
@@ -47,7 +47,7 @@ class GpuType(BaseModel):
     hbm_gb: float = Field(gt=0, le=1e4, strict=True, description="HBM capacity, GB (1e9 bytes)")
     hbm_tb_per_s: float = Field(gt=0, le=1e3, strict=True, description="HBM bandwidth, TB/s")
     link_gb_per_s: float = Field(gt=0, le=1e5, strict=True, description="intra-node link, GB/s, bidirectional")
-    link_kind: str = Field(default="nvlink", min_length=1, max_length=32, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+    link_kind: str = Field(default="nvlink", min_length=1, max_length=32, pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._+-]*$")
     host_gb_per_s: float = Field(default=32, gt=0, le=1e4, strict=True,
                                  description="PCIe link to host memory, GB/s, one way")
     price_per_gpu_hour: float = Field(ge=0, le=1e4, strict=True)
