@@ -21,7 +21,7 @@ from planner.explain import check_request, explain_empty, marginal_values
 from planner.milp import Mode, Objective, Solution, solve, solve_colocated
 from planner.placement import reprice_sync, to_plan
 from sim import SimResult, simulate
-from traces import Cluster, CostModel, NodeGroup, Plan, SpecError, Workload, get_gpu
+from traces import Cluster, CostModel, NodeGroup, Plan, SpecError, Workload
 from traces.io import validate
 from traces.progress import bar
 from traces.records import recommended_steps
@@ -281,13 +281,13 @@ def _best_homogeneous(cm: CostModel, cluster: Cluster, workload: Workload, budge
                       sim_steps: int, seed: int) -> Scored | None:
     """For each GPU type of the cluster: as many of its nodes as the budget buys (availability aside)."""
     best: Scored | None = None
-    kinds = {(g.gpu, g.gpus_per_node, g.inter_node_gb_per_s): g for g in reversed(cluster.node_groups)}
+    kinds = {(cluster.group_gpu(g), g.gpus_per_node, g.inter_node_gb_per_s): g for g in reversed(cluster.node_groups)}
     for group in reversed(kinds.values()):  # one baseline per kind of node, first group of each kind
-        node_price = group.gpus_per_node * group.gpu.price_per_gpu_hour
+        node_price = group.gpus_per_node * cluster.group_gpu(group).price_per_gpu_hour
         nodes = int(budget // node_price) if node_price > 0 else group.nodes
         if nodes < 1:
             continue
-        only = Cluster(name=f"{group.gpu_type} x{nodes * group.gpus_per_node}",
+        only = Cluster(name=f"{group.gpu_type} x{nodes * group.gpus_per_node}", gpus=cluster.gpus,
                        node_groups=(group.model_copy(update={"nodes": nodes, "label": None}),))
         cand = candidates(cm, only, workload)
         found = solve(cand, workload.mode, "throughput", budget, None, 1, solver)
@@ -403,8 +403,8 @@ def what_if(cluster: Cluster, workload: Workload, changes: list[Change | dict[st
 def apply_change(cluster: Cluster, workload: Workload, change: Change) -> tuple[Cluster, Workload]:
     groups = list(cluster.node_groups)
     for gpu_type, delta in change.gpus.items():
-        name = get_gpu(gpu_type).name
-        mine = [i for i, g in enumerate(groups) if g.gpu_type == name]
+        name = cluster.resolve(gpu_type).name
+        mine = [i for i, g in enumerate(groups) if cluster.resolve(g.gpu_type).name == name]
         if not mine:
             if delta <= 0:
                 raise SpecError(f"what-if '{change.name}': the cluster has no {name} GPUs to remove")
@@ -423,7 +423,8 @@ def apply_change(cluster: Cluster, workload: Workload, change: Change) -> tuple[
             groups[mine[0]] = g.model_copy(update={"nodes": nodes})
     if not groups:
         raise SpecError(f"what-if '{change.name}' removes every GPU")
-    c2 = Cluster(name=f"{cluster.name}+{change.name}", node_groups=tuple(groups), links=cluster.links)
+    c2 = Cluster(name=f"{cluster.name}+{change.name}", gpus=cluster.gpus, node_groups=tuple(groups),
+                 links=cluster.links)
     w2 = workload
     if change.workload:
         data = {**workload.model_dump(), **change.workload}

@@ -133,7 +133,7 @@ def pools_of(cluster: Cluster) -> tuple[Pool, ...]:
     merged: dict[tuple[object, ...], tuple[GpuType, int, float, list[int], str | None]] = {}
     first = 0
     for g in cluster.node_groups:
-        gpu = g.gpu
+        gpu = cluster.group_gpu(g)
         key = (gpu, g.gpus_per_node, g.inter_node_gb_per_s, g.label)
         if key not in merged:
             merged[key] = (gpu, g.gpus_per_node, g.inter_node_gb_per_s * 1e9, [], g.label)

@@ -45,6 +45,27 @@ def test_costs_prefill_train_sync_json(cli) -> None:  # type: ignore[no-untyped-
     assert sync["seconds"] > 0 and sync["source"] == "roofline" and sync["path_bytes_per_s"] == 50e9
 
 
+def test_costs_prefill_prices_a_batch_of_prompts_each_attending_to_itself(cli) -> None:  # type: ignore[no-untyped-def]
+    base = ["costs", "prefill", "--gpu", "H100", "--model", "llama-3.1-8b", "--json"]
+    batch = cli(*base, "--prompts", "16", "--prompt-len", "2048").json()
+    assert (batch["prompts"], batch["prompt_len"], batch["tokens"], batch["fits"]) == (16, 2048, 32768, True)
+    one_long = cli(*base, "--tokens", "32768").json()
+    assert batch["seconds"] < one_long["seconds"]  # 16 short causal attentions cost less than one long one
+    assert cli(*base, "--prompts", "1", "--prompt-len", "32768").json()["seconds"] == one_long["seconds"]
+    assert cli(*base, "--prompt-len", "2048").json()["seconds"] < batch["seconds"]
+    l4 = cli("costs", "prefill", "--gpu", "L4", "--model", "qwen2.5-7b", "--prompts", "256", "--prompt-len", "4096")
+    assert l4.code == 0 and "does NOT fit: the KV cache holds" in l4.out
+
+
+@pytest.mark.parametrize(("flags", "needle"), [
+    (["--tokens", "8", "--prompts", "2"], "not both"), (["--tokens", "8", "--prompt-len", "2"], "not both"),
+    (["--prompts", "4"], "--prompt-len L"), ([], "--tokens N"), (["--prompts", "0", "--prompt-len", "8"], "--prompts"),
+    (["--prompts", "4", "--prompt-len", "x"], "--prompt-len"), (["--prompt-len", "-3"], "--prompt-len"),
+])
+def test_costs_prefill_bad_batch_flags(cli, flags: list[str], needle: str) -> None:  # type: ignore[no-untyped-def]
+    _one_line_error(cli("costs", "prefill", "--gpu", "H100", "--model", "llama-3.1-8b", *flags), needle)
+
+
 def _one_line_error(res, *needles: str) -> None:  # type: ignore[no-untyped-def]
     assert res.code == 2
     assert res.out == ""

@@ -105,9 +105,9 @@ def test_identical_node_groups_plan_as_one() -> None:
     b = plan_report(whole, workload, cost_model=CM, baselines=False, marginal=False, sim_steps=0)
     assert a.chosen.solution.samples_per_s == pytest.approx(b.chosen.solution.samples_per_s)
     t = a.plan.trainer
-    assert t.nodes and all(split.group_of_node(n).gpu.name == t.gpu_type for n in t.nodes)
+    assert t.nodes and all(split.resolve(split.group_of_node(n).gpu_type).name == t.gpu_type for n in t.nodes)
     for g in a.plan.rollout:
-        assert all(split.group_of_node(n).gpu.name == g.gpu_type for n in g.nodes)
+        assert all(split.resolve(split.group_of_node(n).gpu_type).name == g.gpu_type for n in g.nodes)
 
 
 @pytest.mark.parametrize("seed", [104, 108, 109, 111])

@@ -1,4 +1,20 @@
-"""A fleet: node groups of one GPU type each, with optional locality labels."""
+"""A fleet: node groups of one GPU type each, with optional locality labels.
+
+A cluster file may declare GPU types the catalog lacks in a top-level ``gpus:`` list, with the
+fields of traces/data/gpus.yaml (documented in traces/hardware.py), and name them in its node groups::
+
+    gpus:
+      - {name: MyGPU, bf16_tflops: 400, hbm_gb: 64, hbm_tb_per_s: 2.0, link_gb_per_s: 400,
+         host_gb_per_s: 64, link_kind: nvlink, price_per_gpu_hour: 1.1}
+    node_groups:
+      - {gpu_type: MyGPU, nodes: 2, gpus_per_node: 8}
+
+Declared once, a type serves any number of groups (a group's ``price_per_gpu_hour`` still overrides
+the price). The types belong to that cluster only: code that holds a cluster resolves names through
+``Cluster.resolve``, so two clusters in one process may each declare a different "X". A declared
+type may not reuse a catalog name or alias: give it its own name (changing only the price of a
+catalog type is what the node group's ``price_per_gpu_hour`` is for).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +22,10 @@ import os
 from collections import Counter
 from functools import cached_property
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from traces.errors import SpecError
-from traces.hardware import GpuType, get_gpu
+from traces.hardware import GpuType, canonical_gpu_name, catalog_clash, find_gpu, gpu_key, gpu_table
 from traces.io import data_files, data_text, load_yaml, load_yaml_text, validate
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -35,14 +51,7 @@ class NodeGroup(BaseModel):
     @field_validator("gpu_type")
     @classmethod
     def _known(cls, value: str) -> str:
-        return get_gpu(value).name
-
-    @property
-    def gpu(self) -> GpuType:
-        gpu = get_gpu(self.gpu_type)
-        if self.price_per_gpu_hour is not None:
-            gpu = gpu.model_copy(update={"price_per_gpu_hour": self.price_per_gpu_hour})
-        return gpu
+        return canonical_gpu_name(value)  # a name the catalog lacks is checked by the cluster
 
     @property
     def gpus(self) -> int:
@@ -62,8 +71,32 @@ class Cluster(BaseModel):
     model_config = _FROZEN
 
     name: str = Field(default="cluster", max_length=128)
+    gpus: tuple[GpuType, ...] = Field(default=(), max_length=100, description="this cluster's own GPU types")
     node_groups: tuple[NodeGroup, ...] = Field(min_length=1, max_length=1000)
     links: tuple[LabelLink, ...] = Field(default=(), max_length=10_000)
+
+    @field_validator("gpus")
+    @classmethod
+    def _own_names(cls, gpus: tuple[GpuType, ...]) -> tuple[GpuType, ...]:
+        seen: set[str] = set()
+        for i, gpu in enumerate(gpus):
+            clash = catalog_clash(gpu)
+            if clash is not None:
+                raise ValueError(f"'{clash}' (entry {i}) is a catalog GPU type; give yours another name "
+                                 f"(e.g. '{gpu.name}-own'), or set price_per_gpu_hour on a node group to reprice it")
+            names = {gpu_key(n) for n in (gpu.name, *gpu.aliases)}
+            if names & seen:
+                raise ValueError(f"'{sorted(names & seen)[0]}' (entry {i}) is declared twice; keep one declaration")
+            seen |= names
+        return gpus
+
+    @field_validator("node_groups")
+    @classmethod
+    def _declared(cls, groups: tuple[NodeGroup, ...], info: ValidationInfo) -> tuple[NodeGroup, ...]:
+        table = gpu_table(info.data.get("gpus", ()))
+        for group in groups:
+            find_gpu(group.gpu_type, table, "; or declare it in this file's gpus: list")
+        return groups
 
     @model_validator(mode="after")
     def _check(self) -> Cluster:
@@ -83,11 +116,26 @@ class Cluster(BaseModel):
         return self
 
     @cached_property
+    def _table(self) -> dict[str, GpuType]:
+        return gpu_table(self.gpus)
+
+    def resolve(self, gpu_type: str) -> GpuType:
+        """A GPU type by name or alias: this cluster's own types, then the catalog (catalog price)."""
+        return find_gpu(gpu_type, self._table)
+
+    def group_gpu(self, group: NodeGroup) -> GpuType:
+        """A node group's GPU type, priced as the group says."""
+        gpu = self.resolve(group.gpu_type)
+        if group.price_per_gpu_hour is not None:
+            gpu = gpu.model_copy(update={"price_per_gpu_hour": group.price_per_gpu_hour})
+        return gpu
+
+    @cached_property
     def gpu_counts(self) -> dict[str, int]:
-        """Total GPUs per type."""
+        """Total GPUs per type (canonical names)."""
         counts: Counter[str] = Counter()
         for group in self.node_groups:
-            counts[group.gpu_type] += group.gpus
+            counts[self.resolve(group.gpu_type).name] += group.gpus
         return dict(counts)
 
     @property
@@ -95,15 +143,15 @@ class Cluster(BaseModel):
         return sum(self.gpu_counts.values())
 
     def gpu(self, gpu_type: str) -> GpuType:
-        """The GPU type as priced in this cluster (a group's price override wins)."""
-        for group in self.node_groups:
-            if group.gpu_type == get_gpu(gpu_type).name:
-                return group.gpu
-        raise SpecError(f"cluster '{self.name}' has no {gpu_type} GPUs; it has {', '.join(self.gpu_counts)}")
+        """The GPU type as priced in this cluster (the first group's price override wins)."""
+        groups = self.groups_of(gpu_type)
+        if not groups:
+            raise SpecError(f"cluster '{self.name}' has no {gpu_type} GPUs; it has {', '.join(self.gpu_counts)}")
+        return self.group_gpu(groups[0])
 
     def groups_of(self, gpu_type: str) -> list[NodeGroup]:
-        name = get_gpu(gpu_type).name
-        return [g for g in self.node_groups if g.gpu_type == name]
+        name = self.resolve(gpu_type).name
+        return [g for g in self.node_groups if self.resolve(g.gpu_type).name == name]
 
     def group_of_node(self, node: int) -> NodeGroup:
         """The node group of a node index (nodes are numbered group by group, in file order)."""

@@ -6,7 +6,6 @@ import math
 
 from traces.cluster import Cluster, NodeGroup
 from traces.errors import SpecError
-from traces.hardware import get_gpu
 from traces.plan import Plan
 
 
@@ -15,7 +14,8 @@ def groups_under(cluster: Cluster, gpu_type: str, nodes: tuple[int, ...]) -> lis
     if not nodes:
         return cluster.groups_of(gpu_type)
     found = {id(g): g for g in (cluster.group_of_node(n) for n in nodes)}
-    wrong = [g.gpu_type for g in found.values() if g.gpu_type != get_gpu(gpu_type).name]
+    name = cluster.resolve(gpu_type).name
+    wrong = [g.gpu_type for g in found.values() if cluster.resolve(g.gpu_type).name != name]
     if wrong:
         raise SpecError(f"plan places {gpu_type} work on nodes of type {wrong[0]}; fix the plan's nodes")
     return list(found.values())

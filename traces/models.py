@@ -1,4 +1,8 @@
-"""Model architectures: the fields of a published config, and what follows from them."""
+"""Model architectures: the fields of a published config, and what follows from them.
+
+A workload names a preset (traces/data/models.yaml), writes these fields inline, or points at a
+Hugging Face config.json (traces/hf_config.py).
+"""
 
 from __future__ import annotations
 
@@ -30,6 +34,8 @@ class ModelSpec(BaseModel):
     qkv_bias: bool = False
     qk_norm: bool = False
     bytes_per_param: float = Field(default=2.0, gt=0, le=8)
+    max_context: int | None = Field(default=None, ge=1, le=100_000_000,
+                                    description="longest sequence the model takes (max_position_embeddings)")
     source: str = ""
 
     @model_validator(mode="after")

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from traces.errors import SpecError
-from traces.hardware import get_gpu
+from traces.hardware import canonical_gpu_name
 from traces.io import atomic_write_text, load_yaml, validate
 
 SCHEMA_VERSION = 1
@@ -20,7 +20,8 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
 def _canonical_gpu(value: Any) -> Any:
-    return get_gpu(value).name if isinstance(value, str) else value
+    """Catalog names made canonical; a cluster's own types are checked against the cluster (sim.check_plan)."""
+    return canonical_gpu_name(value) if isinstance(value, str) else value
 
 
 class RolloutGroup(BaseModel):

@@ -55,14 +55,24 @@ def _node_problems(cluster: Cluster, what: str, gpu_type: str, gpus: int, nodes:
     if bad:
         return [f"{what} lists node {bad[0]}, but cluster '{cluster.name}' has nodes 0-{total - 1}"]
     out = []
-    wrong = [n for n in nodes if cluster.group_of_node(n).gpu.name != gpu_type]
+    def type_of(n: int) -> str:
+        return cluster.resolve(cluster.group_of_node(n).gpu_type).name
+
+    wrong = [n for n in nodes if type_of(n) != gpu_type]
     if wrong:
-        out.append(f"{what} places {gpu_type} work on nodes of type {cluster.group_of_node(wrong[0]).gpu.name} "
-                   f"(node {wrong[0]})")
+        out.append(f"{what} places {gpu_type} work on nodes of type {type_of(wrong[0])} (node {wrong[0]})")
     room = sum(cluster.group_of_node(n).gpus_per_node for n in nodes if n not in wrong)
     if not wrong and gpus > room:
         out.append(f"{what} needs {gpus} GPUs but its {len(nodes)} node(s) hold {room}")
     return out
+
+
+def _known(cluster: Cluster, gpu_type: str) -> str:
+    """The canonical name of a plan's GPU type (a cluster's own types too; any case), or as given."""
+    try:
+        return cluster.resolve(gpu_type).name
+    except SpecError:
+        return gpu_type
 
 
 def plan_problems(cluster: Cluster, workload: Workload | None, plan: Plan) -> list[str]:
@@ -70,7 +80,8 @@ def plan_problems(cluster: Cluster, workload: Workload | None, plan: Plan) -> li
     workload, only what the cluster alone decides (no head counts, no policy)."""
     out: list[str] = []
     have = cluster.gpu_counts
-    for gpu_type, n in plan.gpus_in_use.items():
+    for given, n in plan.gpus_in_use.items():
+        gpu_type = _known(cluster, given)
         if gpu_type not in have:
             out.append(f"plan uses {gpu_type} GPUs but cluster '{cluster.name}' has none "
                        f"(it has {', '.join(have)})")
@@ -84,17 +95,18 @@ def plan_problems(cluster: Cluster, workload: Workload | None, plan: Plan) -> li
         if sum(g.gpus for g in plan.rollout) > t.gpus:
             out.append("colocated plan: rollout engines need more GPUs than the trainer has")
     for i, g in enumerate(plan.rollout):
-        groups = cluster.groups_of(g.gpu_type) if g.gpu_type in have else []
+        name = _known(cluster, g.gpu_type)
+        groups = cluster.groups_of(name) if name in have else []
         if groups:
-            out += _tp_problems(f"rollout group {i}", g.tp, max(ng.gpus_per_node for ng in groups), g.gpu_type,
-                                model)
-        out += _node_problems(cluster, f"rollout group {i}", g.gpu_type, g.gpus, g.nodes)
-    groups = cluster.groups_of(t.gpu_type) if t.gpu_type in have else []
+            out += _tp_problems(f"rollout group {i}", g.tp, max(ng.gpus_per_node for ng in groups), name, model)
+        out += _node_problems(cluster, f"rollout group {i}", name, g.gpus, g.nodes)
+    name = _known(cluster, t.gpu_type)
+    groups = cluster.groups_of(name) if name in have else []
     if groups:
-        out += _tp_problems("trainer", t.tp, max(ng.gpus_per_node for ng in groups), t.gpu_type, model)
+        out += _tp_problems("trainer", t.tp, max(ng.gpus_per_node for ng in groups), name, model)
     if model is not None and t.pp > model.layers:
         out.append(f"trainer PP {t.pp} is more stages than {model.name}'s {model.layers} layers")
-    out += _node_problems(cluster, "trainer", t.gpu_type, t.gpus, t.nodes)
+    out += _node_problems(cluster, "trainer", name, t.gpus, t.nodes)
     out += _shared_nodes(cluster, plan)
     if workload is None:
         return out

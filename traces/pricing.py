@@ -16,7 +16,7 @@ from traces.plan import Plan
 
 def _placed(cluster: Cluster, gpus: int, nodes: Sequence[int]) -> float:
     share = gpus / len(nodes)  # spread evenly over its nodes
-    return sum(share * cluster.group_of_node(n).gpu.price_per_gpu_hour for n in nodes)
+    return sum(share * cluster.group_gpu(cluster.group_of_node(n)).price_per_gpu_hour for n in nodes)
 
 
 def _unplaced(cluster: Cluster, gpu_type: str, gpus: int) -> float:
@@ -24,9 +24,9 @@ def _unplaced(cluster: Cluster, gpu_type: str, gpus: int) -> float:
     groups = cluster.groups_of(gpu_type)
     for group in groups:
         take = min(left, group.gpus)
-        total, left = total + take * group.gpu.price_per_gpu_hour, left - take
+        total, left = total + take * cluster.group_gpu(group).price_per_gpu_hour, left - take
     if left > 0 and groups:  # more GPUs than the cluster has: priced as its last group (validation refuses)
-        total += left * groups[-1].gpu.price_per_gpu_hour
+        total += left * cluster.group_gpu(groups[-1]).price_per_gpu_hour
     return total
 
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from scipy.special import ndtr  # the standard normal CDF (scipy.stats' norm.cdf, without its slow import)
 
 from traces.errors import SpecError
+from traces.hf_config import model_from_hf_entry
 from traces.io import data_files, data_text, load_yaml, load_yaml_text, validate
 from traces.models import ModelSpec, resolve_model
 
@@ -136,6 +137,8 @@ class Workload(BaseModel):
     def _model(cls, value: Any) -> Any:
         if isinstance(value, str):
             return resolve_model(value)
+        if isinstance(value, dict) and "hf_config" in value:
+            return model_from_hf_entry(value)
         return value
 
     @field_validator("algorithm", "mode", mode="before")
@@ -157,6 +160,11 @@ class Workload(BaseModel):
             )
         if self.prompt_len.max + self.response_len.max > MAX_TOKENS:
             raise ValueError(f"prompt_len.max + response_len.max exceeds {MAX_TOKENS} tokens")
+        if self.model.max_context is not None and self.max_seq_len > self.model.max_context:
+            raise ValueError(
+                f"prompt_len.max + response_len.max ({self.max_seq_len}) exceeds the {self.model.max_context}-token "
+                f"context of {self.model.name}; lower the caps"
+            )
         return self
 
     @property
@@ -187,11 +195,15 @@ def _expected(dist: LengthDist) -> float:
     return math.exp(mu + s * s / 2) * float(ndtr(z - s)) + c * float(ndtr(-z))
 
 
-def _inline_histograms(data: Any, base: Path) -> Any:
-    """Replace `file:` in empirical length distributions by the CSV's lengths and counts."""
+def _inline_files(data: Any, base: Path) -> Any:
+    """Replace `file:` in empirical length distributions by the CSV's lengths and counts, and make a
+    model's `hf_config:` path relative to the workload file."""
     if not isinstance(data, dict):
         return data
     out = dict(data)
+    model = out.get("model")
+    if isinstance(model, dict) and isinstance(model.get("hf_config"), str):
+        out["model"] = {**model, "hf_config": str(base / model["hf_config"])}
     for key in ("prompt_len", "response_len"):
         dist = out.get(key)
         if isinstance(dist, dict) and "file" in dist:
@@ -222,7 +234,7 @@ def read_histogram(path: Path) -> tuple[list[int], list[float]]:
 
 
 def workload_from_dict(data: Any, origin: str, base: Path | None = None) -> Workload:
-    return validate(Workload, _inline_histograms(data, base or Path.cwd()), origin)
+    return validate(Workload, _inline_files(data, base or Path.cwd()), origin)
 
 
 def load_workload(path: str | os.PathLike[str]) -> Workload:

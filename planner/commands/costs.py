@@ -1,4 +1,9 @@
-"""`rlfleet costs`: price one stage on one GPU type with the cost model."""
+"""`rlfleet costs`: price one stage on one GPU type with the cost model.
+
+``--cluster FILE`` lets ``--gpu`` (``--from``/``--to`` for sync) name a GPU type that cluster file
+declares under ``gpus:``. ``prefill`` prices one sequence of ``--tokens`` tokens, or a batch of
+``--prompts`` prompts of ``--prompt-len`` tokens each (attention runs within each prompt).
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,10 @@ from typing import Any
 import numpy as np
 
 from planner.cli import emit, positive_float, positive_int
-from traces import CostModel, GpuType, ModelSpec, SpecError, get_gpu, get_model
+from traces import CostModel, GpuType, ModelSpec, SpecError, get_model, load_cluster
 from traces.cluster import DEFAULT_INTER_NODE_GB_PER_S
 from traces.costmodel.roofline import train_flops_per_token
+from traces.hardware import find_gpu, gpu_catalog
 
 NODE_TP = (1, 2, 4, 8)
 
@@ -26,10 +32,12 @@ def register(sub: Any) -> None:
     d.add_argument("--context", type=positive_int, required=True, help="mean context length L, tokens")
     d.set_defaults(handler=decode)
 
-    f = stages.add_parser("prefill", help="seconds to prefill N prompt tokens")
+    f = stages.add_parser("prefill", help="seconds to prefill one N-token prompt or a batch of N prompts")
     _common(f)
     f.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree (default 1)")
-    f.add_argument("--tokens", type=positive_int, required=True, help="prompt tokens N")
+    f.add_argument("--tokens", type=positive_int, help="tokens of one prompt (or use --prompts and --prompt-len)")
+    f.add_argument("--prompts", type=positive_int, help="prompts in the batch, N (with --prompt-len)")
+    f.add_argument("--prompt-len", type=positive_int, help="tokens per prompt, L (--prompts defaults to 1)")
     f.set_defaults(handler=prefill)
 
     t = stages.add_parser("train", help="seconds for one optimizer step over N tokens")
@@ -56,13 +64,26 @@ def register(sub: Any) -> None:
                    help=f"path bandwidth, GB/s (default: intra-node link for one type, "
                         f"{DEFAULT_INTER_NODE_GB_PER_S:g} GB/s between types)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
+    _cluster_arg(s)
     s.set_defaults(handler=sync)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpu", required=True, help="GPU type (see rlfleet catalog)")
+    p.add_argument("--gpu", required=True, help="GPU type (see rlfleet catalog, or one --cluster declares)")
     p.add_argument("--model", required=True, help="model preset (see rlfleet catalog)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    _cluster_arg(p)
+
+
+def _cluster_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster", metavar="YAML", help="cluster file whose own GPU types (gpus:) the GPU may name")
+
+
+def _gpu(args: argparse.Namespace, name: str) -> GpuType:
+    """A catalog type, or one the --cluster file declares."""
+    if args.cluster:
+        return load_cluster(args.cluster).resolve(name)
+    return find_gpu(name, gpu_catalog(), "; for a type a cluster file declares, add --cluster FILE")
 
 
 def _engine_fit_check(cm: CostModel, gpu: GpuType, model: ModelSpec, tp: int) -> bool:
@@ -80,13 +101,23 @@ def _engine_fit_check(cm: CostModel, gpu: GpuType, model: ModelSpec, tp: int) ->
     return False
 
 
+def _kv_note(cm: CostModel, gpu: GpuType, model: ModelSpec, capacity: float, fits: tuple[bool, bool], detail: str,
+             overflow: str) -> str:
+    """The memory line of decode and prefill; `fits` is (the weights fit, the KV cache holds the batch too)."""
+    if fits[1]:
+        return f"fits; KV cache {int(capacity):,} tokens{detail}"
+    if fits[0]:
+        return f"does NOT fit: the KV cache holds {int(capacity):,} tokens, {overflow}"
+    return _fit_hint(cm, gpu, model)
+
+
 def _fit_hint(cm: CostModel, gpu: GpuType, model: ModelSpec) -> str:
     fitting = [t for t in NODE_TP if float(cm.kv_capacity_tokens(gpu, model, t)) >= 1]
     return f"does not fit; the smallest TP that fits is {fitting[0]}" if fitting else "does not fit"
 
 
 def decode(args: argparse.Namespace) -> int:
-    cm, gpu, model = CostModel(), get_gpu(args.gpu), get_model(args.model)
+    cm, gpu, model = CostModel(), _gpu(args, args.gpu), get_model(args.model)
     weights_fit = _engine_fit_check(cm, gpu, model, args.tp)
     est = cm.decode(gpu, model, args.tp, args.batch, args.context)
     capacity = float(cm.kv_capacity_tokens(gpu, model, args.tp))
@@ -98,12 +129,8 @@ def decode(args: argparse.Namespace) -> int:
         "context": args.context, "seconds": seconds, "source": str(est.source), "fits": fits,
         "max_batch": max_batch, "kv_capacity_tokens": int(capacity), "tokens_per_s": args.batch / seconds,
     }
-    if fits:
-        note = f"fits; KV cache {int(capacity):,} tokens, max batch at this context {max_batch}"
-    elif weights_fit:
-        note = f"does NOT fit: the KV cache holds {int(capacity):,} tokens, at most {max_batch} sequences"
-    else:
-        note = _fit_hint(cm, gpu, model)
+    note = _kv_note(cm, gpu, model, capacity, (weights_fit, fits), f", max batch at this context {max_batch}",
+                    f"at most {max_batch} sequences")
     emit(obj, args.json, [
         f"decode {model.name} on {gpu.name} TP{args.tp}, batch {args.batch} at context {args.context}:",
         f"  {seconds * 1e3:.2f} ms per iteration ({args.batch / seconds:,.0f} tokens/s)  [source: {est.source}]",
@@ -112,17 +139,36 @@ def decode(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prompt_batch(args: argparse.Namespace) -> tuple[int, int]:
+    """(prompts, tokens per prompt) from --tokens, or from --prompts and --prompt-len."""
+    if args.tokens is not None:
+        if args.prompts is not None or args.prompt_len is not None:
+            raise SpecError("costs prefill: give --tokens (one prompt) or --prompts with --prompt-len (a batch), "
+                            "not both")
+        return 1, args.tokens
+    if args.prompt_len is None:
+        raise SpecError("costs prefill: give --tokens N (one prompt), or --prompts N --prompt-len L (a batch)")
+    return args.prompts or 1, args.prompt_len
+
+
 def prefill(args: argparse.Namespace) -> int:
-    cm, gpu, model = CostModel(), get_gpu(args.gpu), get_model(args.model)
-    fits = _engine_fit_check(cm, gpu, model, args.tp)
-    est = cm.prefill(gpu, model, args.tp, args.tokens)
+    prompts, prompt_len = _prompt_batch(args)
+    cm, gpu, model = CostModel(), _gpu(args, args.gpu), get_model(args.model)
+    weights_fit = _engine_fit_check(cm, gpu, model, args.tp)
+    tokens = prompts * prompt_len
+    est = cm.prefill(gpu, model, args.tp, tokens, prompt_len)  # attention within each prompt, not across
+    capacity = float(cm.kv_capacity_tokens(gpu, model, args.tp))
+    fits = weights_fit and tokens <= capacity
     seconds = float(est.seconds)
-    obj = {"stage": "prefill", "gpu": gpu.name, "model": model.name, "tp": args.tp, "tokens": args.tokens,
-           "seconds": seconds, "source": str(est.source), "fits": fits, "tokens_per_s": args.tokens / seconds}
+    obj = {"stage": "prefill", "gpu": gpu.name, "model": model.name, "tp": args.tp, "prompts": prompts,
+           "prompt_len": prompt_len, "tokens": tokens, "seconds": seconds, "source": str(est.source), "fits": fits,
+           "kv_capacity_tokens": int(capacity), "tokens_per_s": tokens / seconds}
+    note = _kv_note(cm, gpu, model, capacity, (weights_fit, fits), "", f"the batch needs {tokens:,}")
+    batch = f"{prompts} prompts of {prompt_len} tokens" if prompts > 1 else f"{prompt_len} tokens"
     emit(obj, args.json, [
-        f"prefill {args.tokens} tokens of {model.name} on {gpu.name} TP{args.tp}:",
-        f"  {seconds * 1e3:.2f} ms ({args.tokens / seconds:,.0f} tokens/s)  [source: {est.source}]",
-        f"  memory: {'fits' if fits else _fit_hint(cm, gpu, model)}",
+        f"prefill {batch} of {model.name} on {gpu.name} TP{args.tp}:",
+        f"  {seconds * 1e3:.2f} ms ({tokens / seconds:,.0f} tokens/s)  [source: {est.source}]",
+        f"  memory: {note}",
     ])
     return 0
 
@@ -137,7 +183,7 @@ def _max_sequences(cm: CostModel, gpu: GpuType, model: ModelSpec, args: argparse
 
 
 def train(args: argparse.Namespace) -> int:
-    cm, gpu, model = CostModel(), get_gpu(args.gpu), get_model(args.model)
+    cm, gpu, model = CostModel(), _gpu(args, args.gpu), get_model(args.model)
     if args.pp > model.layers:
         raise SpecError(f"--pp {args.pp} exceeds the {model.layers} layers of {model.name}; lower --pp")
     if args.tp > model.heads:
@@ -169,7 +215,7 @@ def train(args: argparse.Namespace) -> int:
 
 
 def sync(args: argparse.Namespace) -> int:
-    cm, src, dst, model = CostModel(), get_gpu(args.src), get_gpu(args.dst), get_model(args.model)
+    cm, src, dst, model = CostModel(), _gpu(args, args.src), _gpu(args, args.dst), get_model(args.model)
     if args.link_gb_per_s is not None:
         path = args.link_gb_per_s * 1e9
     elif src.name == dst.name:

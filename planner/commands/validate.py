@@ -24,11 +24,13 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("nothing to validate; give --cluster, --workload and/or --plan")
     obj: dict[str, Any] = {}
     lines: list[str] = []
-    if args.cluster:
-        c = load_cluster(args.cluster)
-        obj["cluster"] = {"name": c.name, "gpus": c.gpu_counts, "total_gpus": c.total_gpus}
+    c = load_cluster(args.cluster) if args.cluster else None
+    if c is not None:
+        obj["cluster"] = {"name": c.name, "gpus": c.gpu_counts, "total_gpus": c.total_gpus,
+                          "own_gpu_types": [g.name for g in c.gpus]}
         counts = ", ".join(f"{n} {t}" for t, n in c.gpu_counts.items())
-        lines.append(f"cluster {c.name}: {c.total_gpus} GPUs ({counts})")
+        own = f"; own GPU types: {', '.join(g.name for g in c.gpus)}" if c.gpus else ""
+        lines.append(f"cluster {c.name}: {c.total_gpus} GPUs ({counts}){own}")
     if args.workload:
         w = load_workload(args.workload)
         obj["workload"] = {"name": w.name, "model": w.model.name, "samples_per_step": w.samples_per_step,
@@ -40,7 +42,13 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.plan:
         p = load_plan(args.plan)
-        if args.cluster:  # the whole plan against its cluster (and workload): every problem at once
+        if c is not None:  # a type neither the catalog nor the cluster knows: one line naming it
+            for gpu_type in p.gpus_in_use:
+                try:
+                    c.resolve(gpu_type)
+                except SpecError as exc:
+                    raise SpecError(f"{args.plan}: {exc}") from None
+        if c is not None:  # the whole plan against its cluster (and workload): every problem at once
             check_plan(c, w if args.workload else None, p)
         obj["plan"] = {"mode": p.mode, "gpus": p.gpus_by_type, "total_gpus": p.total_gpus}
         lines.append(f"plan: {p.mode}, {p.total_gpus} GPUs, {p.gpus_by_type}")
