@@ -33,13 +33,24 @@ def _vidur_layer_ms(tp: int, tokens: int) -> float:
 
 
 def _vidur_all_reduce_ms(tp: int, tokens: int) -> float:
-    """One all-reduce of the layer's activations (tokens x hidden x 2 bytes) plus Vidur's 0.02 ms launch."""
+    """One all-reduce of the layer's activations (tokens x hidden x 2 bytes) plus Vidur's 0.02 ms launch.
+
+    Each size's time is the mean of the 9 sizes around it (the slice holds those around each needed one)."""
     if tp == 1:
         return 0.0
     raw = pd.read_csv(RAW / "network/a100_dgx/all_reduce.csv")
-    curve = raw[(raw.num_workers == tp) & (raw.devices_per_node == tp)].groupby("size")["time_stats.all_reduce.median"]
-    curve = curve.mean()
-    return float(np.interp(tokens * LLAMA3.hidden * 2, curve.index, curve.to_numpy())) + 0.02
+    raw = raw[(raw.num_workers == tp) & (raw.devices_per_node == tp)]
+    sizes = np.sort(raw["size"].unique())
+    nbytes = tokens * LLAMA3.hidden * 2
+    hi = int(np.searchsorted(sizes, nbytes))
+    below, above = sizes[hi - 1], sizes[hi]
+
+    def smoothed(size: float) -> float:
+        at = int(np.searchsorted(sizes, size))
+        around = sizes[max(at - 4, 0):at + 5]
+        return float(np.mean([raw[raw["size"] == s]["time_stats.all_reduce.median"].mean() for s in around]))
+
+    return float(np.interp(nbytes, [below, above], [smoothed(below), smoothed(above)])) + 0.02
 
 
 def _up_proj_ms(tp: int, tokens: int) -> float:

@@ -23,6 +23,9 @@ LAYER_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", 
              "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
 # Vidur fills these with 0 when a model lacks them (e.g. no post-attention norm)
 OPTIONAL_OPS = ("input_layernorm", "post_attention_layernorm", "add")
+# all_reduce.csv's small messages take one of two times (e.g. 0.02 or 0.06 ms on 4 A100s) from one size to
+# the next; Vidur fits a regression over them, here a centred mean over this many neighbouring sizes
+SMOOTH_SIZES = 9
 # mlp.csv's shape columns and the ModelSpec field each must equal
 SHAPES = {"n_head": "heads", "n_kv_head": "kv_heads", "n_embd": "hidden", "n_expanded_embd": "intermediate",
           "use_gated_mlp": "gated_mlp"}
@@ -89,7 +92,8 @@ def read_mlp(path: Path, spec: ModelSpec) -> dict[int, LayerCurve]:
 
 
 def read_all_reduce(path: Path) -> dict[int, AllReduceCurve]:
-    """All-reduce curves within one node (devices_per_node = num_workers), as Vidur selects them."""
+    """All-reduce curves within one node (devices_per_node = num_workers), as Vidur selects them,
+    each size's median time evened out over its SMOOTH_SIZES neighbours."""
     frame = _read(path)
     missing = [c for c in ("time_stats.all_reduce.median", "num_workers", "devices_per_node", "size", "collective")
                if c not in frame.columns]
@@ -98,8 +102,9 @@ def read_all_reduce(path: Path) -> dict[int, AllReduceCurve]:
     frame = frame[(frame["collective"] == "all_reduce") & (frame["devices_per_node"] == frame["num_workers"])]
     curves: dict[int, AllReduceCurve] = {}
     for tp, rows in frame.groupby("num_workers"):
-        by_size = rows.groupby("size")["time_stats.all_reduce.median"].mean()
-        curves[int(tp)] = AllReduceCurve(int(tp), by_size.index.to_numpy(float), by_size.to_numpy(float))
+        by_size = rows.groupby("size")["time_stats.all_reduce.median"].mean().sort_index()
+        smooth = by_size.rolling(SMOOTH_SIZES, center=True, min_periods=1).mean()
+        curves[int(tp)] = AllReduceCurve(int(tp), by_size.index.to_numpy(float), smooth.to_numpy(float))
     return curves
 
 
