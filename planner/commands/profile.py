@@ -45,7 +45,8 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=run)
     from planner.commands import profile_import  # here: it uses int_list from this module
 
-    profile_import.register(p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p)))
+    profile_import.register(p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p),
+                                             help="import: profiles measured elsewhere (none: measure this machine)"))
 
 
 def run(args: argparse.Namespace) -> int:
