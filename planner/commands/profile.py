@@ -1,5 +1,7 @@
 """`rlfleet profile`: measure this machine's stage costs into a cost table (runtime.profile).
 
+`rlfleet profile import` brings in profiles measured elsewhere instead (profile_import.py).
+
 The CSV has the traces profile-table columns, rows tagged `measured: ...`; give it to `simulate`,
 `plan`, `run` or `fidelity` with `--profile FILE`, or drop it under traces/data/profiles/ to ship it.
 """
@@ -15,7 +17,7 @@ from traces.io import atomic_write_text
 from traces.progress import bar
 
 
-def _int_list(text: str) -> tuple[int, ...]:
+def int_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
@@ -26,23 +28,31 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("profile", help="measure prefill, decode, train, logprob and sync costs on this machine")
-    p.add_argument("--model", required=True, help="catalog model whose shapes to build with random weights "
+    p = sub.add_parser("profile", help="measure prefill, decode, train, logprob and sync costs on this machine "
+                       "(or import measured ones: profile import)")
+    p.add_argument("--model", help="catalog model whose shapes to build with random weights "
                    "(e.g. tiny-llama; see `rlfleet catalog`)")
-    p.add_argument("--gpu-type", required=True, help="the catalog type to file the rows under (CPU on a CPU host)")
+    p.add_argument("--gpu-type", help="the catalog type to file the rows under (CPU on a CPU host)")
     p.add_argument("--out", metavar="CSV", help="write the rows here (default profile-<TYPE>-<MODEL>.csv)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu; cuda is untested)")
-    p.add_argument("--batches", type=_int_list, default=None, help="engine batch sizes, e.g. 1,4,16,64,256")
-    p.add_argument("--contexts", type=_int_list, default=None, help="prompt lengths, e.g. 4,16,48")
-    p.add_argument("--train-tokens", type=_int_list, default=None, help="tokens per train step, e.g. 256,1024,4096")
+    p.add_argument("--batches", type=int_list, default=None, help="engine batch sizes, e.g. 1,4,16,64,256")
+    p.add_argument("--contexts", type=int_list, default=None, help="prompt lengths, e.g. 4,16,48")
+    p.add_argument("--train-tokens", type=int_list, default=None, help="tokens per train step, e.g. 256,1024,4096")
     p.add_argument("--seq-len", type=positive_int, default=None, help="tokens per training sequence (default 8)")
-    p.add_argument("--sync-engines", type=_int_list, default=None, help="receiving engines for sync, e.g. 1,2")
+    p.add_argument("--sync-engines", type=int_list, default=None, help="receiving engines for sync, e.g. 1,2")
     p.add_argument("--repeats", type=positive_int, default=None, help="timed repeats per point (default 3)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
+    from planner.commands import profile_import  # here: it uses int_list from this module
+
+    profile_import.register(p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p),
+                                             help="import: profiles measured elsewhere (none: measure this machine)"))
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.model or not args.gpu_type:
+        raise SpecError("rlfleet profile needs --model and --gpu-type to measure this machine "
+                        "(or `rlfleet profile import --format vidur PATH` to import measured profiles)")
     spec, gpu = get_model(args.model), get_gpu(args.gpu_type)
     try:
         import torch
