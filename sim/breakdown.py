@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import pandas as pd
 
+from traces.phases import PHASES
 from traces.records import warm_steps
-
-PHASES = ("wait", "switch", "logprob", "train", "sync", "step")
-# How verl names each phase in its per-step metrics (rlfleet calibrate reads them back).
-VERL_KEYS = {"wait": "timing_s/gen", "logprob": "timing_s/old_log_prob", "train": "timing_s/update_actor",
-             "sync": "timing_s/update_weights", "step": "timing_s/step"}
 
 
 def step_phases(timeline: pd.DataFrame) -> pd.DataFrame:
     """One row per trainer step (its weight push ends it): wait, switch, logprob, train, sync, step seconds."""
-    rows = timeline[timeline.resource == "trainer"].sort_values("start", kind="stable")
+    trainer = timeline[timeline.group == "trainer"]  # a recorded run names its ranks trainer0, trainer1, ...
+    first = trainer.resource.iloc[0] if len(trainer) else "trainer"
+    rows = trainer[trainer.resource == first].sort_values("start", kind="stable")
     steps: list[dict[str, float]] = []
     begun, current = 0.0, {p: 0.0 for p in PHASES}
     for activity, start, end in zip(rows.activity, rows.start, rows.end, strict=True):

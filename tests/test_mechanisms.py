@@ -42,7 +42,8 @@ def test_a_capped_lognormal_may_have_its_uncapped_mean_above_the_cap() -> None:
 def test_step_phases_add_up_to_the_step_and_name_verls_metrics() -> None:
     """`simulate --breakdown`: wait (verl's timing_s/gen in sync modes) + hand-overs + logprob + train +
     sync is the step, and the steady-state mean step is the result's."""
-    from sim.breakdown import PHASES, mean_phases, step_phases
+    from sim.breakdown import mean_phases, step_phases
+    from traces.phases import PHASES
 
     w = Workload(model=get_model("qwen2.5-1.5b"), prompts_per_step=32, group_size=8, mode="colocated",
                  prompt_len=LengthDist(kind="fixed", value=128),

@@ -46,11 +46,12 @@ def run(args: argparse.Namespace) -> int:
     summary = r.summary()
     phases: list[str] = []
     if args.breakdown:
-        from sim.breakdown import VERL_KEYS, mean_phases
+        from sim.breakdown import mean_phases
+        from traces.phases import VERL_KEYS
 
         summary["phases"] = mean_phases(r.timeline, plan.staleness)
         phases = ["  phases      steady-state mean seconds per step (verl's metric):"] + [
-            f"    {name:<8} {value:8.3f}" + (f"  ({VERL_KEYS[name]})" if name in VERL_KEYS else "")
+            f"    {name:<8} {value:8.3f}" + (f"  ({' + '.join(VERL_KEYS[name])})" if name in VERL_KEYS else "")
             for name, value in summary["phases"].items()]
     emit(summary, args.json, [
         f"{plan.mode} plan, {plan.total_gpus} GPUs, {args.steps} steps of {workload.samples_per_step} samples:",

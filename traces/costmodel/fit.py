@@ -10,7 +10,7 @@ fit did not see: `leave_one_source_out` refits without each source in turn and p
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -58,19 +58,20 @@ def _model(eff: Efficiency, tables: ProfileTable | None) -> CostModel:
 
 
 def fit(cases: Sequence[Case], fields: Iterable[str], *, start: Efficiency = DEFAULT_EFFICIENCY,
-        tables: ProfileTable | None = None, max_evals: int = 400) -> Efficiency:
+        tables: ProfileTable | None = None, max_evals: int = 400,
+        bounds: Mapping[str, tuple[float, float]] = BOUNDS) -> Efficiency:
     """The Efficiency whose `fields` best predict the fitted `cases` (others kept from `start`)."""
     from scipy.optimize import least_squares
 
     names = list(fields)
-    unknown = [n for n in names if n not in BOUNDS]
+    unknown = [n for n in names if n not in bounds]
     if unknown:
-        raise SpecError(f"cannot fit {', '.join(unknown)}: fittable fields are {', '.join(BOUNDS)}")
+        raise SpecError(f"cannot fit {', '.join(unknown)}: fittable fields are {', '.join(bounds)}")
     used = [c for c in cases if c.fitted]
     if not used:
         raise SpecError("nothing to fit: no case is marked fitted")
-    lo = np.log([BOUNDS[n][0] for n in names])
-    hi = np.log([BOUNDS[n][1] for n in names])
+    lo = np.log([bounds[n][0] for n in names])
+    hi = np.log([bounds[n][1] for n in names])
     x0 = np.clip(np.log([float(getattr(start, n)) for n in names]), lo + 1e-9, hi - 1e-9)
 
     def efficiency(x: np.ndarray) -> Efficiency:

@@ -1,0 +1,108 @@
+"""Calibrate the cost model to a user's own run: fit the roofline's efficiencies to its logged phases.
+
+Given the run's cluster, workload and plan and its measured per-step phases (from an `rlfleet run`
+timeline, or verl's `timing_s/*` metrics), the simulator predicts the same phases
+(sim.breakdown) and traces.costmodel.fit moves the efficiency factors until they match: the
+trainer's matmul efficiency from the logprob and train phases, the weight push's fixed cost from
+sync, the engines' memory and matmul efficiencies and per-iteration overhead from the step (its
+generation-bound part). The bounds are wider than the catalog fit's: a user's hardware may be
+anything (a CPU core, a throttled GPU). The result is written as cost-table rows at the run's
+shapes, which `--profile` then takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import astuple, dataclass
+
+import numpy as np
+import pandas as pd
+
+from sim.breakdown import mean_phases
+from sim.simulate import simulate
+from traces import Cluster, CostModel, Plan, Workload
+from traces.costmodel import COLUMNS, DEFAULT_EFFICIENCY, Efficiency, ProfileTable
+from traces.costmodel.fit import Case, fit
+from traces.errors import SpecError
+from traces.links import groups_under, sync_path_bytes_per_s
+from traces.records import recommended_steps
+
+# Fitted fields and how far they may move for arbitrary hardware.
+WIDE = {"matmul": (1e-3, 1.0), "memory": (1e-3, 1.0), "decode_overhead_s": (1e-5, 1.0),
+        "train_matmul": (1e-3, 1.0), "sync_fixed_s": (1e-4, 60.0), "sync_per_tensor_s": (1e-7, 1e-2)}
+# Which phase informs which fields (a phase with no measurement leaves its fields alone).
+INFORMS = {"logprob": ("train_matmul",), "train": ("train_matmul",), "sync": ("sync_fixed_s", "sync_per_tensor_s"),
+           "step": ("memory", "matmul", "decode_overhead_s")}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    efficiency: Efficiency
+    measured: dict[str, float]
+    predicted: dict[str, float]  # with the fitted efficiency
+    before: dict[str, float]  # with the starting one
+    fields: tuple[str, ...]
+
+    def errors(self) -> dict[str, float]:
+        return {p: self.predicted[p] / v - 1.0 for p, v in self.measured.items() if v > 0}
+
+
+def calibrate(cluster: Cluster, workload: Workload, plan: Plan, measured: Mapping[str, float], *,
+              steps: int | None = None, seed: int = 0, start: Efficiency = DEFAULT_EFFICIENCY) -> Calibration:
+    """The efficiency that reproduces `measured` (phase -> mean seconds per step) in simulation."""
+    eta = plan.staleness
+    n = steps or max(recommended_steps(eta), 6)
+    memo: dict[tuple[object, ...], dict[str, float]] = {}
+
+    def phases(cm: CostModel) -> dict[str, float]:
+        key = astuple(cm.efficiency)
+        if key not in memo:
+            memo[key] = mean_phases(simulate(cluster, workload, plan, cm, steps=n, seed=seed,
+                                             record_queue=False).timeline, eta)
+        return memo[key]
+
+    used = {p: float(v) for p, v in measured.items() if p in INFORMS and v > 0}
+    if "step" not in used:
+        raise SpecError("calibrate needs the step time of the run (timing_s/step, or a run folder's timeline)")
+    cases = [Case(p, p, "phase", v, lambda cm, p=p: max(phases(cm)[p], 1e-12)) for p, v in used.items()]
+    fields = tuple(dict.fromkeys(f for p in used for f in INFORMS[p]))
+    fitted = fit(cases, fields, start=start, tables=ProfileTable.empty(), bounds=WIDE, max_evals=200)
+    return Calibration(fitted, dict(used), phases(CostModel.roofline_only(fitted)),
+                       phases(CostModel.roofline_only(start)), fields)
+
+
+def profile_rows(cal: Calibration, cluster: Cluster, workload: Workload, plan: Plan, source: str) -> pd.DataFrame:
+    """Cost-table rows of the fitted model at the run's shapes: each engine group's decode and
+    prefill, the trainer's train and logprob passes, the weight push to its engines."""
+    cm = CostModel.roofline_only(cal.efficiency)
+    model, rows = workload.model, []
+    longest = workload.max_seq_len
+    contexts = np.unique(np.geomspace(max(2, workload.prompt_len.expected() // 2), longest * 2, 12).astype(int))
+    batches = np.unique(np.geomspace(1, max(2, cal.efficiency.max_num_seqs), 10).astype(int))
+    for g in plan.rollout:
+        gpu = cluster.resolve(g.gpu_type)
+        for b in batches:
+            for ctx in contexts:
+                rows.append((gpu.name, "decode", g.tp, 1, 1, int(b), int(ctx), 0,
+                             float(cm.decode(gpu, model, g.tp, int(b), int(ctx)).seconds)))
+        for tokens in np.unique(np.geomspace(1, 64 * longest, 16).astype(int)):
+            ctx = min(int(tokens), int(workload.prompt_len.expected()) or 1)
+            rows.append((gpu.name, "prefill", g.tp, 1, 1, 1, ctx, int(tokens),
+                         float(cm.prefill(gpu, model, g.tp, int(tokens), ctx).seconds)))
+    t = plan.trainer
+    gpu = cluster.resolve(t.gpu_type)
+    batch_tokens = workload.samples_per_step * workload.mean_tokens_per_sample
+    under = groups_under(cluster, t.gpu_type, t.nodes)  # the network the simulator prices the trainer on
+    kw = {"seq_len": workload.mean_tokens_per_sample, "microbatch_tokens": longest, "zero_stage": t.zero_stage,
+          "gpus_per_node": under[0].gpus_per_node, "inter_node_bytes_per_s": min(g.inter_node_gb_per_s
+                                                                                 for g in under) * 1e9}
+    for tokens in np.unique(np.geomspace(max(1.0, batch_tokens / 64), batch_tokens * 4, 12).astype(int)):
+        rows.append((gpu.name, "train", t.tp, t.pp, t.dp, 1, 0, int(tokens),
+                     float(cm.train(gpu, model, t.dp, t.tp, t.pp, int(tokens), recompute=t.recompute, **kw).seconds)))
+        rows.append((gpu.name, "logprob", t.tp, t.pp, t.dp, 1, 0, int(tokens),
+                     float(cm.logprob(gpu, model, t.dp, t.tp, t.pp, int(tokens), **kw).seconds)))
+    engines = sum(g.instances for g in plan.rollout)
+    path = sync_path_bytes_per_s(cluster, plan)
+    for k in sorted({1, max(1, engines // 2), engines, engines * 2}):
+        rows.append((gpu.name, "sync", 1, 1, 1, k, 0, 0, float(cm.sync(gpu, model, k, path).seconds)))
+    return pd.DataFrame([(*r[:1], model.name, *r[1:], source) for r in rows], columns=list(COLUMNS))
