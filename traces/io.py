@@ -48,20 +48,24 @@ def load_yaml_text(text: str, origin: str) -> Any:
         raise SpecError(f"{origin}: not valid YAML text: {first}") from None
 
 
-def load_yaml(path: str | os.PathLike[str]) -> Any:
-    """Load a user YAML (or JSON, a YAML subset) file."""
+def read_user_text(path: str | os.PathLike[str], kind: str = "YAML or JSON") -> str:
+    """Text of a user file; a missing, unreadable or non-UTF-8 file is a one-line SpecError."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SpecError(f"{p}: no such file; check the path") from None
     except IsADirectoryError:
         raise SpecError(f"{p}: is a folder; give a file") from None
     except UnicodeDecodeError:
-        raise SpecError(f"{p}: not UTF-8 text; save it as UTF-8 YAML or JSON") from None
+        raise SpecError(f"{p}: not UTF-8 text; save it as UTF-8 {kind}") from None
     except OSError as exc:
         raise SpecError(f"{p}: cannot read ({exc.strerror})") from None
-    return load_yaml_text(text, str(p))
+
+
+def load_yaml(path: str | os.PathLike[str]) -> Any:
+    """Load a user YAML (or JSON, a YAML subset) file."""
+    return load_yaml_text(read_user_text(path), str(Path(path)))
 
 
 def data_text(relative: str) -> str:
