@@ -1,0 +1,70 @@
+"""How well the cost model predicts measurements it was not fitted on: the calibration set, leave-one-source-out.
+
+Every row of traces/data/calibration that rlfleet can describe becomes a prediction in the row's
+unit (sim.calibration_set). The roofline's efficiency factors are fitted to all of them
+(traces.costmodel.fit: robust log loss), then refitted once per source without that source's rows
+and used to predict them: the held-out error is what a new measurement should expect. RL-step
+rows are simulated and judged, never fitted. Prints every row (measured, shipped model, fitted,
+held out), the rows skipped and why, the summaries (median and worst absolute error, signed
+median), and the fitted values (copy them into traces/costmodel/efficiency.py to ship them).
+Usage: python bench/fidelity.py [--fields matmul,memory,...] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from sim.calibration_set import Skipped, case
+from traces import CostModel
+from traces.calibration import load_calibration
+from traces.costmodel import DEFAULT_EFFICIENCY
+from traces.costmodel.fit import Case, leave_one_source_out, summary
+
+FIELDS = ("matmul", "memory", "decode_overhead_s", "decode_overhead_per_seq_s", "prefill_overhead_s",
+          "train_matmul", "train_half_tokens", "comm_overlap", "collective_latency_s", "sync_fixed_s",
+          "sync_per_tensor_s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fields", default=",".join(FIELDS), help="Efficiency fields to fit (comma-separated)")
+    ap.add_argument("--quick", action="store_true", help="skip the simulated RL-step rows")
+    args = ap.parse_args()
+    fields = [f for f in args.fields.split(",") if f]
+    rows = load_calibration()
+    cases: list[Case] = []
+    skipped: list[Skipped] = []
+    for row in rows:
+        c = case(row)
+        if isinstance(c, Skipped):
+            skipped.append(c)
+        elif not (args.quick and c.kind == "rl_step"):
+            cases.append(c)
+    t0 = time.perf_counter()
+    shipped = CostModel.roofline_only(DEFAULT_EFFICIENCY)
+    base = {c.id: c.predict(shipped) for c in cases}
+    fitted, judged = leave_one_source_out(cases, fields, progress=lambda s: print(f"  refit without {s}", flush=True))
+    by_id = {r.id: r for r in rows}
+    print(f"\n{'row':<5} {'kind':<8} {'model':<15} {'GPU':<9} {'unit':<18} {'measured':>10} {'shipped':>8} "
+          f"{'fitted':>8} {'held out':>8}  source")
+    for j in judged:
+        c, r = j.case, by_id[j.case.id]
+        print(f"{c.id:<5} {c.kind:<8} {r.model[:15]:<15} {r.gpu_type:<9} {r.unit:<18} {c.measured:10.4g} "
+              f"{base[c.id] / c.measured - 1:+8.1%} {j.error:+8.1%} {j.held_out_error:+8.1%}  {c.source}"
+              + ("" if c.fitted else "  (judged only)"))
+    print(f"\nskipped ({len(skipped)}):")
+    for s in skipped:
+        print(f"  {s.id:<5} {s.reason}")
+    for name, errs in (("shipped efficiency", [base[j.case.id] / j.case.measured - 1 for j in judged]),
+                       ("fitted on all rows", [j.error for j in judged]),
+                       ("leave-one-source-out", [j.held_out_error for j in judged])):
+        s = summary(errs)
+        print(f"{name:<22} median |error| {s['median_abs']:6.1%}  worst {s['worst_abs']:6.1%}  "
+              f"signed median {s['signed_median']:+6.1%}  ({int(s['n'])} rows)")
+    print(f"\n{len({c.source for c in cases})} sources, {len(cases)} rows, {time.perf_counter() - t0:.0f} s")
+    print("fitted: " + ", ".join(f"{f}={getattr(fitted, f):.4g}" for f in fields))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""Predict every row of the calibration set (traces/data/calibration) with a cost model, as fit Cases.
+
+Each kind is predicted the way its source measured it:
+- decode: a static batch of `batch` prompts of `prompt_len` tokens, one prefill, then `output_len`
+  decode iterations at growing context; output tokens/s over the whole run, or ms per output token;
+- prefill: one prefill pass of `batch` prompts of `prompt_len` tokens (time to first token);
+- serve: continuous batching in steady state (CostModel.generation_rate) on ShareGPT's lengths;
+- train: one optimizer step of `tokens_per_step` tokens on the row's layout, as MFU (the
+  Megatron / torchtitan convention: 6P + attention FLOPs over peak) or tokens/s per GPU;
+- sync: one weight push to the engines of the row;
+- rl_step: a simulated GRPO step (sim.simulate) of the row's setup; judged, not fitted (a
+  simulation per evaluation is too slow inside a fit).
+Rows rlfleet cannot describe yet (mixture-of-experts models, context parallelism, kernels that
+are catalog facts) are listed with the reason, never guessed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from traces import CostModel, get_gpu, get_model
+from traces.calibration import CalibrationRow
+from traces.costmodel.fit import Case
+from traces.costmodel.roofline import train_flops_per_token
+from traces.errors import SpecError
+from traces.hardware import GpuType
+from traces.models import ModelSpec
+
+# Public checkpoints that share a catalog model's architecture (their config.json fields match).
+SAME_SHAPE = {"deepseek-r1-distill-qwen-1.5b": "qwen2.5-1.5b", "deepseek-r1-distill-qwen-7b": "qwen2.5-7b"}
+# Per-GPU network between nodes where a row does not say (InfiniBand NDR per H100/H200/B200 GPU,
+# HDR per A100: the DGX reference designs).
+INTER_NODE = {"A100-80G": 25e9, "H100": 50e9, "H800": 50e9, "H200": 50e9, "B200": 100e9, "GB200": 100e9}
+NODE_SIZE = {"GB200": 72}  # an NVL72 rack is one NVLink domain
+GPT_FAST_NEW_TOKENS = 200  # gpt-fast's generate.py default (C9, C10 give no output length)
+# Layouts the row gives only by reference (Megatron-LM README's scaling table, as tests/calibration_cases.py).
+MEGATRON_175B = {"tp": 8, "pp": 12, "vp": 4}
+SHAREGPT_PROMPT, SHAREGPT_SIGMA = 240.0, 1.0  # ShareGPT: ~240-token prompts, lognormal answers
+
+
+@dataclass(frozen=True)
+class Skipped:
+    id: str
+    reason: str
+
+
+def _model(name: str) -> ModelSpec:
+    key = name.lower()
+    return get_model(SAME_SHAPE.get(key, key))
+
+
+def _layout(text: str) -> dict[str, int]:
+    found = {k.lower(): int(v) for k, v in re.findall(r"\b(TP|PP|DP|CP|VP|EP|FSDP)(\d+)", text)}
+    fsdp = found.pop("fsdp", None)  # "FSDP8" is 8 ranks, but "FSDP2 (DP64)" names torch's FSDP2
+    if fsdp is not None and "dp" not in found:
+        found["dp"] = fsdp
+    return found
+
+
+def _precision(row: CalibrationRow, model: ModelSpec, gpu: GpuType) -> tuple[ModelSpec, GpuType]:
+    """fp8 rows: weights (and, as bytes_per_param sets both, the KV cache) of one byte and twice the
+    dense bf16 matmul peak (Hopper, Ada and Blackwell datasheets: fp8 dense = 2x bf16 dense)."""
+    if row.precision != "fp8":
+        return model, gpu
+    return (model.model_copy(update={"bytes_per_param": 1.0}),
+            gpu.model_copy(update={"bf16_tflops": 2 * gpu.bf16_tflops}))
+
+
+def _static_batch(cm: CostModel, row: CalibrationRow, model: ModelSpec, gpu: GpuType, tp: int
+                  ) -> tuple[float, float]:
+    """(prefill seconds, decode seconds) of one static batch."""
+    b, p = row.batch or 1, row.prompt_len or 1
+    o = row.output_len or GPT_FAST_NEW_TOKENS
+    prefill = float(cm.prefill(gpu, model, tp, b * p, p).seconds)
+    decode = float(cm.decode(gpu, model, tp, b, p + np.arange(o)).seconds.sum())
+    return prefill, decode
+
+
+def _decode(row: CalibrationRow, model: ModelSpec, gpu: GpuType, tp: int) -> Callable[[CostModel], float]:
+    o = row.output_len or GPT_FAST_NEW_TOKENS
+    if row.unit == "ms_per_token":
+        return lambda cm: 1000 * _static_batch(cm, row, model, gpu, tp)[1] / o
+    return lambda cm: (row.batch or 1) * o / sum(_static_batch(cm, row, model, gpu, tp))
+
+
+def _prefill(row: CalibrationRow, model: ModelSpec, gpu: GpuType, tp: int) -> Callable[[CostModel], float]:
+    b, p = row.batch or 1, row.prompt_len or 1
+    return lambda cm: 1000 * float(cm.prefill(gpu, model, tp, b * p, p).seconds)
+
+
+def _serve(row: CalibrationRow, model: ModelSpec, gpu: GpuType, tp: int) -> Callable[[CostModel], float]:
+    mean_out = 194.0  # K1's 4132 output tok/s over its 21.27 req/s
+    return lambda cm: float(cm.generation_rate(
+        gpu, model, tp, prompt_mean=SHAREGPT_PROMPT, response_mean=mean_out,
+        response_sq_mean=mean_out**2 * math.exp(SHAREGPT_SIGMA**2)).tokens_per_s)
+
+
+def _train(row: CalibrationRow, model: ModelSpec, gpu: GpuType) -> Callable[[CostModel], float] | str:
+    lay = _layout(row.layout)
+    if lay.get("cp", 1) > 1:
+        return "context parallelism is not modelled"
+    if "TP/PP/DP" in row.layout:
+        lay = {**MEGATRON_175B, "dp": row.gpus // (MEGATRON_175B["tp"] * MEGATRON_175B["pp"])}
+    tp, pp, vp = lay.get("tp", 1), lay.get("pp", 1), lay.get("vp", 1)
+    dp = lay.get("dp", row.gpus // (tp * pp))
+    if dp * tp * pp != row.gpus:
+        return f"layout {row.layout!r} does not multiply to {row.gpus} GPUs"
+    if row.seq_len is None or row.tokens_per_step is None:
+        return "no sequence length or tokens per step"
+    peak = get_gpu(row.gpu_type).bf16_flops  # MFU is quoted against the bf16 peak
+    seq, tokens = row.seq_len, row.tokens_per_step
+    zero = 3 if "FSDP" in row.layout else 1
+    kw = {"seq_len": seq, "microbatch_tokens": seq, "zero_stage": zero, "recompute": "selective",
+          "virtual_stages": vp, "gpus_per_node": NODE_SIZE.get(gpu.name, 8),
+          "inter_node_bytes_per_s": INTER_NODE.get(gpu.name, 50e9)}
+
+    def seconds(cm: CostModel) -> float:
+        return float(cm.train(gpu, model, dp, tp, pp, tokens, **kw).seconds)
+
+    if row.unit == "mfu":
+        flops = float(train_flops_per_token(model, seq)) * tokens
+        return lambda cm: flops / (seconds(cm) * row.gpus * peak)
+    return lambda cm: tokens / (seconds(cm) * row.gpus)
+
+
+def _sync(row: CalibrationRow, model: ModelSpec, gpu: GpuType) -> Callable[[CostModel], float]:
+    # K7: one TP8 engine on the trainer's node (NVLink)
+    return lambda cm: float(cm.sync(gpu, model, 1, gpu.link_bytes_per_s).seconds)
+
+
+def _rl_step(row: CalibrationRow, model: ModelSpec) -> Callable[[CostModel], float] | str:
+    if row.id != "K6":
+        return "the setup's generation/trainer split and response lengths are not published"
+
+    def step(cm: CostModel) -> float:  # K6's assumptions: tests/calibration_cases.py
+        from sim.simulate import simulate
+        from traces import Cluster, Plan, RolloutGroup, TrainerGroup, Workload
+
+        cluster = Cluster(name="h100-16", node_groups=({"gpu_type": "H100", "nodes": 2, "gpus_per_node": 8},))
+        w = Workload(name="k6", model=model, prompts_per_step=64, group_size=32,
+                     prompt_len={"kind": "fixed", "value": 127},
+                     response_len={"kind": "lognormal", "mean": 1019, "sigma": 0.7, "cap": 4096 - 127},
+                     mode="colocated", ppo_minibatches=4, kl_reference=True)
+        plan = Plan(mode="colocated", rollout=(RolloutGroup(gpu_type="H100", tp=1, instances=16),),
+                    trainer=TrainerGroup(gpu_type="H100", dp=16, zero_stage=1, recompute="none"))
+        return simulate(cluster, w, plan, cm, steps=6, seed=0).mean_step_s
+
+    return step
+
+
+def case(row: CalibrationRow) -> Case | Skipped:
+    """The row as a fit Case (its prediction in the row's unit), or why it cannot be predicted."""
+    if row.kind == "kernel":
+        return Skipped(row.id, "a catalog fact (the GPU's matmul ceiling or copy rate), not a cost-model output")
+    try:
+        model = _model(row.model)
+    except SpecError:
+        return Skipped(row.id, f"{row.model} is not in the catalog (mixture-of-experts or another architecture)")
+    try:
+        model, gpu = _precision(row, model, get_gpu(row.gpu_type))
+    except SpecError:
+        return Skipped(row.id, f"{row.gpu_type} is not in the catalog")
+    tp = _layout(row.layout).get("tp", 1)
+    predict: Callable[[CostModel], float] | str
+    if row.kind == "decode":
+        predict = _decode(row, model, gpu, tp)
+    elif row.kind == "prefill":
+        predict = _prefill(row, model, gpu, tp)
+    elif row.kind == "serve":
+        predict = _serve(row, model, gpu, tp)
+    elif row.kind == "train":
+        predict = "fp8 training is not modelled (training is priced in bf16)" if row.precision == "fp8" else \
+            _train(row, model, gpu)
+    elif row.kind == "sync":
+        predict = _sync(row, model, gpu)
+    else:
+        predict = _rl_step(row, model)
+    if isinstance(predict, str):
+        return Skipped(row.id, predict)
+    return Case(row.id, row.source_key, row.kind, row.value, predict, fitted=row.kind != "rl_step")
