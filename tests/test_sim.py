@@ -151,8 +151,9 @@ def test_one_more_engine_never_hurts_async(case: tuple[Cluster, Workload, Plan, 
     capacity = cluster.gpu_counts[group.gpu_type] - (8 if group.gpu_type == plan.trainer.gpu_type else 0)
     if more.rollout[0].gpus > capacity:
         return
-    base = simulate(cluster, w, plan, CM, steps=16, seed=seed).samples_per_s
-    plus = simulate(cluster, w, more, CM, steps=16, seed=seed).samples_per_s
+    steps = 4 * (plan.staleness + 1)  # the warm-up, then three whole periods (traces.records.recommended_steps)
+    base = simulate(cluster, w, plan, CM, steps=steps, seed=seed).samples_per_s
+    plus = simulate(cluster, w, more, CM, steps=steps, seed=seed).samples_per_s
     # noise: which samples land on which engine changes, and with a few samples per step one long
     # sample moves a step's time by a lot
     assert plus >= base * 0.9

@@ -68,10 +68,10 @@ def _expected_seconds(row: pd.Series) -> tuple[float, float]:
     eff = DEFAULT_EFFICIENCY
     if row.stage == "decode":
         rest = (rf.decode_seconds(A100, LLAMA3, tp, b, ctx, eff) - rf.decode_seconds(A100, LLAMA3, tp, b, 0, eff)
-                + eff.decode_overhead_s)
+                + eff.decode_overhead_s + eff.decode_overhead_per_seq_s * b)
     else:
         rest = (rf.prefill_seconds(A100, LLAMA3, tp, tokens, ctx, eff)
-                - rf.prefill_seconds(A100, LLAMA3, tp, tokens, 0, eff))
+                - rf.prefill_seconds(A100, LLAMA3, tp, tokens, 0, eff) + eff.prefill_overhead_s)
     return vidur_ms / 1e3, (vidur_ms + lm_head_ms) / 1e3 + float(rest)
 
 

@@ -1,7 +1,11 @@
 """Fitted efficiency factors of the roofline, with the calibration rows they came from.
 
-Rows refer to ../shared/calibration.md; tests/test_calibration.py checks each row.
-Only those rows were used to set these numbers.
+matmul, memory, decode_overhead_s, decode_overhead_per_seq_s, prefill_overhead_s, train_matmul,
+collective_latency_s and sync_fixed_s were fitted together by `bench/fidelity.py --quick --fields
+...` (2026-12-01) to the 31 rows of traces/data/calibration (8 sources; K1-K7 of
+../shared/calibration.md among them) that rlfleet can describe: robust log loss, bounded
+(traces.costmodel.fit). Their leave-one-source-out errors are in the README. The other fields are
+set as their comments say. tests/test_calibration.py checks the K rows.
 """
 
 from __future__ import annotations
@@ -14,29 +18,29 @@ class Efficiency:
     # Fraction of the GPU's achievable matmul rate (peak x GpuType.matmul_ceiling) that serving
     # GEMMs reach (prefill and decode). Fitted jointly to K1/K2 (vLLM/SGLang on ShareGPT, A100)
     # and K3 (TensorRT-LLM static batch, A100) by a grid search (tests/calibration_cases.py).
-    matmul: float = 0.50
+    matmul: float = 0.637
     # Fraction of HBM bandwidth that decode reaches while streaming weights and KV (K1-K3;
     # K9's ~90% copy rate is the ceiling).
-    memory: float = 0.70
+    memory: float = 0.882
     # Fixed cost per decode iteration (scheduling, kernel launches; CUDA graphs shrink it), seconds (K1/K2),
     # and the part that grows with the running batch (sampling, detokenising, scheduler bookkeeping
     # per sequence), seconds per sequence.
-    decode_overhead_s: float = 0.004
-    decode_overhead_per_seq_s: float = 0.0
+    decode_overhead_s: float = 0.00217
+    decode_overhead_per_seq_s: float = 4.52e-5
     # Fixed cost per prefill forward pass (scheduling, launches: no CUDA graph for prefill), seconds.
-    prefill_overhead_s: float = 0.0
+    prefill_overhead_s: float = 0.0075
     # Fraction of the achievable matmul rate the training step reaches, non-matmul ops included.
     # Fitted to K4 (torchtitan FSDP, A100) and K5 (Megatron TP/PP, H100, with Hopper's K8 ceiling).
-    train_matmul: float = 0.67
+    train_matmul: float = 0.742
     # Small micro-batches do not fill the GPU: the training matmul rate is scaled by
     # mb / (mb + train_half_tokens) for mb tokens per micro-batch (0: no such loss).
     train_half_tokens: float = 0.0
     # Share of data-parallel gradient/parameter traffic hidden behind compute (K4, K5).
     comm_overlap: float = 0.8
     # Latency of one collective call, seconds (TP all-reduces, per-tensor sync).
-    collective_latency_s: float = 1e-5
+    collective_latency_s: float = 3.93e-5
     # Weight sync: fixed cost (pause engines, version bump) and cost per named tensor (K7).
-    sync_fixed_s: float = 0.05
+    sync_fixed_s: float = 0.098
     sync_per_tensor_s: float = 4e-4
     # Engine memory: share of HBM the engine may use (vLLM's gpu_memory_utilization) and the
     # activation/workspace reserve per GPU.

@@ -12,8 +12,9 @@ is priced here, and each row's source says so:
   mlp_up_proj, so the measured up-projection at the same token count times the ratio of their
   weight matrices, vocab / up-projection width (2 x intermediate for SwiGLU). Logits are computed
   for each decoding sequence, and for each prompt's last token in a prefill (as vLLM does);
-- decode: rlfleet's fixed per-iteration cost (Efficiency.decode_overhead_s: scheduling, sampling,
-  launches), as Vidur's cpu_overheads.csv is absent too. Prefill rows carry none, like the roofline's.
+- decode: rlfleet's per-iteration cost (Efficiency.decode_overhead_s plus decode_overhead_per_seq_s
+  per running sequence: scheduling, sampling, launches), as Vidur's cpu_overheads.csv is absent too;
+  prefill rows carry Efficiency.prefill_overhead_s, like the roofline's.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def decode_rows(curves: Curves, batches: np.ndarray, contexts: np.ndarray, eff: 
     g, m, t = curves.gpu, curves.model, curves.layer.tp
     parts = curves.measured(b, b)
     parts["attention_s"] = rf.decode_seconds(g, m, t, b, ctx, eff) - rf.decode_seconds(g, m, t, b, 0.0, eff)
-    parts["overhead_s"] = np.full(b.shape, eff.decode_overhead_s)
+    parts["overhead_s"] = eff.decode_overhead_s + eff.decode_overhead_per_seq_s * b  # as the roofline's
     return _frame("decode", curves, b, ctx, np.zeros_like(b), parts)
 
 
@@ -78,7 +79,7 @@ def prefill_rows(curves: Curves, batches: np.ndarray, contexts: np.ndarray, max_
     g, m, t = curves.gpu, curves.model, curves.layer.tp
     parts = curves.measured(tokens, b)
     parts["attention_s"] = rf.prefill_seconds(g, m, t, tokens, ctx, eff) - rf.prefill_seconds(g, m, t, tokens, 0.0, eff)
-    parts["overhead_s"] = np.zeros_like(tokens)
+    parts["overhead_s"] = np.full(tokens.shape, eff.prefill_overhead_s)  # as the roofline's
     return _frame("prefill", curves, b, ctx, tokens, parts)
 
 
