@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from planner.cli import add_profile_arg, cost_model, emit, positive_float, positive_int
+from planner.seed_arg import non_negative_seed
 from traces import load_cluster, load_workload
 
 
@@ -22,7 +23,7 @@ def register(sub: Any) -> None:
     p.add_argument("--target", type=positive_float, metavar="SAMPLES_PER_S", help="throughput to reach (cost)")
     p.add_argument("--top-k", type=positive_int, default=3, help="MILP solutions to simulate and re-rank (default 3)")
     p.add_argument("--sim-steps", type=positive_int, default=8, help="trainer steps per simulation (default 8)")
-    p.add_argument("--seed", type=int, default=0, help="simulation seed (default 0)")
+    p.add_argument("--seed", type=non_negative_seed, default=0, help="simulation seed (default 0)")
     p.add_argument("--solver", choices=("auto", "highs", "cbc"), default="auto", help="MILP solver (default auto)")
     p.add_argument("--no-baselines", action="store_true", help="skip planning and simulating the baselines")
     p.add_argument("--out", metavar="PLAN_JSON", help="write the chosen plan (traces plan format) here")

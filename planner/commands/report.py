@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.cli import add_profile_arg, cost_model, emit, positive_int
+from planner.seed_arg import non_negative_seed
 from traces import load_cluster, load_plan, load_workload
 from traces.io import atomic_write_text
 
@@ -18,7 +19,7 @@ def register(sub: Any) -> None:
     p.add_argument("--workload", required=True, help="workload YAML file")
     p.add_argument("--out", default="report", metavar="DIR", help="folder for report.html (default ./report)")
     p.add_argument("--steps", type=positive_int, default=8, help="trainer steps to simulate (default 8)")
-    p.add_argument("--seed", type=int, default=0, help="simulation seed (default 0)")
+    p.add_argument("--seed", type=non_negative_seed, default=0, help="simulation seed (default 0)")
     add_profile_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
