@@ -110,6 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # a path the code did not check itself: one line by kind (traces.os_errors)
         sys.stderr.write(f"rlfleet: error: {os_error_line(exc)}\n")
         return EXIT_BAD_INPUT
+    except OverflowError as exc:  # a whole-number flag without an upper bound, too large for numpy
+        sys.stderr.write(f"rlfleet: error: a number is too large ({exc}); give smaller values\n")
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

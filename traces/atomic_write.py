@@ -63,6 +63,18 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     _fsync_folder(target.parent)
 
 
+def check_target(path: str | os.PathLike[str]) -> None:
+    """Refuse, before any work, an output path that atomic_write_bytes would refuse: a folder, a
+    special file, a link loop, a file among its parents. Creates nothing; a folder that cannot be
+    written in is still found only by the write itself."""
+    target, _ = _target(Path(path))
+    folder = target.parent
+    while not os.path.lexists(folder) and folder != folder.parent:
+        folder = folder.parent
+    if os.path.lexists(folder) and not folder.is_dir():
+        raise SpecError(f"{folder}: is a file, not a folder (give a folder path, or remove the file)")
+
+
 def ensure_folder(folder: str | os.PathLike[str]) -> Path:
     """The folder, created with its parents if missing; a file in the way is a SpecError."""
     p = Path(folder)

@@ -14,13 +14,25 @@ from typing import Any
 
 import yaml
 
-from traces.atomic_write import atomic_write_bytes, atomic_write_text
+from traces.atomic_write import atomic_write_bytes, atomic_write_text, check_target, ensure_folder
 from traces.errors import SpecError
 from traces.os_errors import spec_error, special_kind
 from traces.validation import validate
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "data_files", "data_text", "load_yaml", "load_yaml_text",
-           "loads_json", "read_user_bytes", "read_user_text", "validate"]
+__all__ = [
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "check_target",
+    "data_files",
+    "data_text",
+    "ensure_folder",
+    "load_yaml",
+    "load_yaml_text",
+    "loads_json",
+    "read_user_bytes",
+    "read_user_text",
+    "validate",
+]
 
 # Refuse absurd inputs before parsing: a YAML "billion laughs" expands anchors
 # into huge structures; a size cap on the text plus an alias cap bound the work.

@@ -10,6 +10,7 @@ from typing import Any
 from planner.cli import add_profile_arg, cost_model, emit, positive_float, positive_int
 from planner.seed_arg import non_negative_seed
 from traces import load_cluster, load_workload
+from traces.io import check_target
 
 
 def register(sub: Any) -> None:
@@ -37,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
     from planner.export import exports
 
     cluster, workload = load_cluster(args.cluster), load_workload(args.workload)
+    if args.out:  # a bad output path is one line now, not after planning
+        check_target(args.out)
     if args.objective == "pareto":
         frame = pareto(cluster, workload, solver=args.solver, cost_model=cost_model(args))
         emit({"pareto": frame.to_dict(orient="records")}, args.json,

@@ -9,7 +9,7 @@ from typing import Any
 from planner.cli import add_profile_arg, cost_model, emit, positive_int
 from planner.seed_arg import non_negative_seed
 from traces import load_cluster, load_plan, load_workload
-from traces.io import atomic_write_text
+from traces.io import atomic_write_text, check_target
 
 
 def register(sub: Any) -> None:
@@ -29,8 +29,9 @@ def run(args: argparse.Namespace) -> int:
     from planner.report import render
 
     plan, cluster, workload = load_plan(args.plan), load_cluster(args.cluster), load_workload(args.workload)
-    page = render(plan, cluster, workload, steps=args.steps, seed=args.seed, cost_model=cost_model(args))
     target = Path(args.out) / "report.html"
+    check_target(target)  # a bad --out is one line now, not after the simulation and plots
+    page = render(plan, cluster, workload, steps=args.steps, seed=args.seed, cost_model=cost_model(args))
     atomic_write_text(target, page)
     emit({"report": str(target), "bytes": len(page)}, args.json, [f"report -> {target} ({len(page) // 1024} KiB)"])
     return 0

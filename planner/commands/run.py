@@ -27,7 +27,7 @@ from planner.commands.fidelity import lines as fidelity_lines
 from planner.seed_arg import non_negative_seed
 from sim.fidelity import Fidelity, predict_run
 from traces import CostModel, ModelSpec, Plan, SpecError, example_cluster, get_model, load_cluster, load_plan
-from traces.atomic_write import ensure_folder
+from traces.io import ensure_folder
 from traces.progress import bar
 from traces.records import observed_workload, read_metrics, read_run, write_run_spec
 

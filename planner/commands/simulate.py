@@ -9,7 +9,7 @@ from planner.cli import add_profile_arg, cost_model, emit, positive_int
 from planner.seed_arg import non_negative_seed
 from sim import simulate
 from traces import load_cluster, load_plan, load_workload
-from traces.io import atomic_write_bytes, atomic_write_text
+from traces.io import atomic_write_bytes, atomic_write_text, check_target
 
 
 def register(sub: Any) -> None:
@@ -29,6 +29,9 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cluster, workload, plan = load_cluster(args.cluster), load_workload(args.workload), load_plan(args.plan)
+    for out in (args.timeline, args.gantt):
+        if out:  # a bad output path is one line now, not after the simulation
+            check_target(out)
     r = simulate(cluster, workload, plan, cost_model(args), steps=args.steps, seed=args.seed,
                  token_level=args.token_level)
     if args.timeline:
