@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from traces.errors import SpecError
+from traces.os_errors import os_error_line
 from traces.progress import set_quiet
 
 EXIT_BAD_INPUT = 2
@@ -106,6 +107,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # a path the code did not check itself: one line by kind (traces.os_errors)
+        sys.stderr.write(f"rlfleet: error: {os_error_line(exc)}\n")
+        return EXIT_BAD_INPUT
+    except OverflowError as exc:  # a whole-number flag without an upper bound, too large for numpy
+        sys.stderr.write(f"rlfleet: error: a number is too large ({exc}); give smaller values\n")
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

@@ -10,6 +10,10 @@ from planner.candidates import Candidates, candidates
 from planner.milp import Mode, Objective, solve
 from traces import Cluster, CostModel, SpecError, Workload
 
+# Largest --budget ($/h) or --target (samples/s) taken: beyond any fleet by far, and values near 1e20
+# make HiGHS (through PuLP) fail on the MILP's right-hand side instead of reporting it infeasible.
+MAX_REQUEST = 1e15
+
 
 class NoPlan(SpecError):
     """The request is well-formed but nothing satisfies it; the message says why and what to change."""
@@ -23,6 +27,8 @@ def check_request(objective: str, budget: float | None, target: float | None, to
     for name, value in (("budget", budget), ("target", target)):
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise SpecError(f"{name} must be a positive number, got {value}")
+        if value is not None and value > MAX_REQUEST:
+            raise SpecError(f"{name} {value:g} is beyond any fleet; give at most {MAX_REQUEST:g}")
     if not 1 <= top_k <= 100:
         raise SpecError(f"top_k must be between 1 and 100, got {top_k}")
     if not 0 <= sim_steps <= 1000:

@@ -137,7 +137,7 @@ def load_calibration(path: str | os.PathLike[str] | None = None) -> tuple[Calibr
         files = sorted(p.glob("*.csv")) if p.is_dir() else [p]
         if not files:
             raise SpecError(f"{p}: no .csv files in this folder; give a calibration CSV or a folder of them")
-        texts = [(str(f), read_user_text(f, "CSV")) for f in files]
+        texts = [(str(f), read_user_text(f)) for f in files]
     rows: list[CalibrationRow] = []
     seen: dict[str, str] = {}
     for origin, text in texts:

@@ -32,6 +32,9 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 # A reasonable inter-node default when a file does not say: 400 Gb/s per GPU (NDR InfiniBand).
 DEFAULT_INTER_NODE_GB_PER_S = 50.0
+# Network bandwidths a fleet has: from 0.01 GB/s (80 Mb/s, a slow WAN link) to 10 TB/s (beyond any NIC
+# or NVLink domain today); below that a weight sync takes days, which is a typo, not a fleet.
+MIN_GB_PER_S, MAX_GB_PER_S = 0.01, 1e4
 
 
 class NodeGroup(BaseModel):
@@ -43,7 +46,8 @@ class NodeGroup(BaseModel):
     nodes: int = Field(ge=1, le=100_000)
     gpus_per_node: int = Field(default=8, ge=1, le=64)
     inter_node_gb_per_s: float = Field(
-        default=DEFAULT_INTER_NODE_GB_PER_S, gt=0, le=1e5, description="per-GPU network bandwidth, GB/s"
+        default=DEFAULT_INTER_NODE_GB_PER_S, ge=MIN_GB_PER_S, le=MAX_GB_PER_S,
+        description="per-GPU network bandwidth, GB/s",
     )
     label: str | None = Field(default=None, max_length=64, description="locality label (rack, region)")
     price_per_gpu_hour: float | None = Field(default=None, ge=0, le=1e4, description="override catalog price")
@@ -64,7 +68,7 @@ class LabelLink(BaseModel):
     model_config = _FROZEN
     a: str
     b: str
-    gb_per_s: float = Field(gt=0, le=1e5)
+    gb_per_s: float = Field(ge=MIN_GB_PER_S, le=MAX_GB_PER_S)
 
 
 class Cluster(BaseModel):

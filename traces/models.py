@@ -33,7 +33,9 @@ class ModelSpec(BaseModel):
     gated_mlp: bool = True  # SwiGLU (3 matrices) vs GELU MLP (2)
     qkv_bias: bool = False
     qk_norm: bool = False
-    bytes_per_param: float = Field(default=2.0, gt=0, le=8)
+    # 0.125: a 1-bit weight; 8: fp64. Outside that it is a typo, and a near-zero value made the KV cache
+    # near-free, so an engine batched without bound and a simulation ran for many minutes.
+    bytes_per_param: float = Field(default=2.0, ge=0.125, le=8)
     max_context: int | None = Field(default=None, ge=1, le=100_000_000,
                                     description="longest sequence the model takes (max_position_embeddings)")
     source: str = ""

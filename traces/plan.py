@@ -9,11 +9,11 @@ import json
 import os
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator, model_validator
 
 from traces.errors import SpecError
 from traces.hardware import canonical_gpu_name
-from traces.io import atomic_write_text, load_yaml, validate
+from traces.io import atomic_write_text, load_yaml, loads_json, validate
 
 SCHEMA_VERSION = 1
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -75,7 +75,7 @@ class Plan(BaseModel):
     rollout: tuple[RolloutGroup, ...] = Field(min_length=1, max_length=1000)
     trainer: TrainerGroup
     max_concurrent_rollouts: int | None = Field(default=None, ge=1, le=100_000_000)
-    predicted: dict[str, float] = Field(default_factory=dict)
+    predicted: dict[str, FiniteFloat] = Field(default_factory=dict)  # NaN would make the plan invalid JSON
 
     @model_validator(mode="after")
     def _check(self) -> Plan:
@@ -132,11 +132,7 @@ class Plan(BaseModel):
 
     @classmethod
     def from_json(cls, text: str, origin: str = "plan") -> Plan:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SpecError(f"{origin}:{exc.lineno}: JSON syntax error: {exc.msg}") from None
-        return validate(cls, data, origin)
+        return validate(cls, loads_json(text, origin), origin)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         atomic_write_text(path, self.to_json())

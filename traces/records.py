@@ -12,7 +12,7 @@ So a prediction of the same run is one `sim.simulate` call away (sim.fidelity do
 
 from __future__ import annotations
 
-import json
+import io
 import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -25,7 +25,7 @@ import yaml
 
 from traces.cluster import Cluster, load_cluster
 from traces.errors import SpecError
-from traces.io import atomic_write_text
+from traces.io import atomic_write_text, loads_json, read_user_text
 from traces.models import ModelSpec
 from traces.plan import Plan, load_plan
 from traces.workload import LengthDist, Workload, load_workload
@@ -36,6 +36,7 @@ TIMELINE_FILE = "timeline.csv"
 PLAN_FILE = "plan.json"
 WORKLOAD_FILE = "workload.yaml"
 CLUSTER_FILE = "cluster.yaml"
+MAX_RECORD_BYTES = 512 * 1024**2  # a long run's metrics and timeline; the cap only stops a wrong file
 
 
 def warm_steps(staleness: int, steps: int) -> int:
@@ -128,14 +129,13 @@ class RunRecord:
 
 def read_metrics(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
     path = Path(folder) / METRICS_FILE
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no metrics; is {folder} the --out folder of an rlfleet run?") from None
-    try:
-        return [json.loads(line) for line in text.splitlines() if line]
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"{path}:{exc.lineno}: not JSON lines ({exc.msg})") from None
+    if not os.path.lexists(path):
+        raise SpecError(f"{path}: no metrics; is {folder} the --out folder of an rlfleet run?")
+    lines = read_user_text(path, MAX_RECORD_BYTES).splitlines()
+    rows = [loads_json(line, f"{path}:{n}") for n, line in enumerate(lines, 1) if line]
+    if not all(isinstance(row, dict) for row in rows):
+        raise SpecError(f"{path}: every line must be one JSON object (a step's metrics)")
+    return rows
 
 
 def read_run(folder: str | os.PathLike[str]) -> RunRecord:
@@ -149,5 +149,9 @@ def read_run(folder: str | os.PathLike[str]) -> RunRecord:
     metrics = read_metrics(root)
     if not metrics:
         raise SpecError(f"{root / METRICS_FILE}: no step was recorded")
-    return RunRecord(root, tuple(metrics), pd.read_csv(root / TIMELINE_FILE), load_plan(root / PLAN_FILE),
+    try:
+        timeline = pd.read_csv(io.StringIO(read_user_text(root / TIMELINE_FILE, MAX_RECORD_BYTES)))
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise SpecError(f"{root / TIMELINE_FILE}: not a timeline CSV ({str(exc).splitlines()[0]})") from None
+    return RunRecord(root, tuple(metrics), timeline, load_plan(root / PLAN_FILE),
                      load_workload(root / WORKLOAD_FILE), load_cluster(root / CLUSTER_FILE))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import io
 import math
 import os
 from pathlib import Path
@@ -14,7 +15,7 @@ from scipy.special import ndtr  # the standard normal CDF (scipy.stats' norm.cdf
 
 from traces.errors import SpecError
 from traces.hf_config import model_from_hf_entry
-from traces.io import data_files, data_text, load_yaml, load_yaml_text, validate
+from traces.io import data_files, data_text, load_yaml, load_yaml_text, read_user_text, validate
 from traces.models import ModelSpec, resolve_model
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -62,7 +63,9 @@ class LengthDist(BaseModel):
             if any(x < 1 or x > MAX_TOKENS for x in self.lengths):
                 raise ValueError(f"empirical: lengths must lie in 1..{MAX_TOKENS}")
             if any(c < 0 or not math.isfinite(c) for c in self.counts) or sum(self.counts) <= 0:
-                raise ValueError("empirical: counts must be non-negative and not all zero")
+                raise ValueError("empirical: counts must be non-negative finite numbers, not all zero")
+            if not math.isfinite(sum(self.counts)):  # 1e308 + 1e308: each finite, the total is not
+                raise ValueError("empirical: counts sum to more than a float holds; scale them down")
         return self
 
     # Lognormal parameters such that the *uncapped* mean equals `mean`.
@@ -104,9 +107,14 @@ class LengthDist(BaseModel):
             np.rint(raw, out=raw)
             np.clip(raw, 1, self.cap, out=raw)
             return raw.astype(np.int64)
-        lengths = np.asarray(self.lengths, dtype=np.int64)
-        p = np.asarray(self.counts, float)
-        return rng.choice(lengths, size=n, p=p / p.sum())
+        return rng.choice(np.asarray(self.lengths, dtype=np.int64), size=n, p=self.probabilities())
+
+    def probabilities(self) -> np.ndarray:
+        """An empirical histogram's counts as probabilities. Scaled by the largest count first: counts
+        near the float limits (1e308, or 1e-320 with few bits left) still give weights that sum to 1."""
+        counts = np.asarray(self.counts, float)
+        scaled = counts / counts.max()
+        return scaled / scaled.sum()
 
 
 class Workload(BaseModel):
@@ -187,8 +195,7 @@ def _expected(dist: LengthDist) -> float:
     if dist.kind == "uniform":
         return (dist.low + dist.high) / 2  # type: ignore[operator]
     if dist.kind == "empirical":
-        lengths, counts = np.asarray(dist.lengths, float), np.asarray(dist.counts, float)
-        return float((lengths * counts).sum() / counts.sum())
+        return float((np.asarray(dist.lengths, float) * dist.probabilities()).sum())
     # E[min(X, c)] for lognormal X: exp(mu + s^2/2) Phi((ln c - mu - s^2)/s) + c (1 - Phi((ln c - mu)/s)).
     mu, s, c = dist._mu(), float(dist.sigma), float(dist.cap)  # type: ignore[arg-type]
     z = (math.log(c) - mu) / s
@@ -218,19 +225,23 @@ def read_histogram(path: Path) -> tuple[list[int], list[float]]:
     """A length histogram CSV: header `length,count`, one bin per row."""
     import pandas as pd
 
+    if not os.path.lexists(path):
+        raise SpecError(f"{path}: histogram file not found; the path is relative to the workload file")
+    text = read_user_text(path)
     try:
-        frame = pd.read_csv(path)
-    except FileNotFoundError:
-        raise SpecError(f"{path}: histogram file not found; the path is relative to the workload file") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        frame = pd.read_csv(io.StringIO(text))
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise SpecError(f"{path}: not a CSV histogram ({str(exc).splitlines()[0]})") from None
     missing = {"length", "count"} - set(frame.columns)
     if missing:
         raise SpecError(f"{path}: histogram needs columns length,count; missing {', '.join(sorted(missing))}")
-    try:
-        return [int(x) for x in frame["length"]], [float(x) for x in frame["count"]]
-    except (TypeError, ValueError):
-        raise SpecError(f"{path}: length and count must be numbers") from None
+    lengths = pd.to_numeric(frame["length"], errors="coerce").to_numpy(float)
+    counts = pd.to_numeric(frame["count"], errors="coerce").to_numpy(float)
+    if not np.isfinite(lengths).all() or (lengths != np.round(lengths)).any():
+        raise SpecError(f"{path}: column length must hold whole numbers of tokens")
+    if np.isnan(counts).any():
+        raise SpecError(f"{path}: column count must hold numbers")
+    return [int(x) for x in lengths], [float(c) for c in counts]
 
 
 def workload_from_dict(data: Any, origin: str, base: Path | None = None) -> Workload:

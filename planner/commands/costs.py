@@ -14,12 +14,20 @@ import numpy as np
 
 from planner.cli import emit, positive_float, positive_int
 from traces import CostModel, GpuType, ModelSpec, SpecError, get_model, load_cluster
-from traces.cluster import DEFAULT_INTER_NODE_GB_PER_S
+from traces.cluster import DEFAULT_INTER_NODE_GB_PER_S, MAX_GB_PER_S, MIN_GB_PER_S
 from traces.costmodel.roofline import train_flops_per_token
 from traces.hardware import find_gpu, gpu_catalog
 
 NODE_TP = (1, 2, 4, 8)
 
+
+
+def gb_per_s(text: str) -> float:
+    """A network bandwidth flag, within the range a cluster file's links may have (traces.cluster)."""
+    value = positive_float(text)
+    if not MIN_GB_PER_S <= value <= MAX_GB_PER_S:
+        raise argparse.ArgumentTypeError(f"must be between {MIN_GB_PER_S} and {MAX_GB_PER_S:,.0f} GB/s, got {text}")
+    return value
 
 def register(sub: Any) -> None:
     p = sub.add_parser("costs", help="price decode, prefill, train or sync with the cost model")
@@ -51,7 +59,7 @@ def register(sub: Any) -> None:
     t.add_argument("--recompute", choices=("none", "selective", "full"), default="selective",
                    help="activation recomputation (default selective)")
     t.add_argument("--gpus-per-node", type=positive_int, default=8)
-    t.add_argument("--inter-node-gb-per-s", type=positive_float, default=DEFAULT_INTER_NODE_GB_PER_S,
+    t.add_argument("--inter-node-gb-per-s", type=gb_per_s, default=DEFAULT_INTER_NODE_GB_PER_S,
                    help="per-GPU network bandwidth between nodes, GB/s")
     t.set_defaults(handler=train)
 
@@ -60,7 +68,7 @@ def register(sub: Any) -> None:
     s.add_argument("--to", dest="dst", required=True, help="rollout GPU type")
     s.add_argument("--model", required=True, help="model preset (see rlfleet catalog)")
     s.add_argument("--engines", type=positive_int, default=1, help="receiving engines K (default 1)")
-    s.add_argument("--link-gb-per-s", type=positive_float, default=None,
+    s.add_argument("--link-gb-per-s", type=gb_per_s, default=None,
                    help=f"path bandwidth, GB/s (default: intra-node link for one type, "
                         f"{DEFAULT_INTER_NODE_GB_PER_S:g} GB/s between types)")
     s.add_argument("--json", action="store_true", help="print one JSON object")

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from planner.cli import add_profile_arg, cost_model, emit
+from planner.seed_arg import non_negative_seed
 from sim.fidelity import Fidelity, predict_run
 from traces.records import read_run
 
@@ -14,7 +15,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("fidelity", help="simulate a recorded run (rlfleet run --out DIR) and compare with it")
     p.add_argument("run_dir", metavar="RUN_DIR", help="the --out folder of an rlfleet run")
     add_profile_arg(p)
-    p.add_argument("--seed", type=int, default=0, help="simulation seed (default 0)")
+    p.add_argument("--seed", type=non_negative_seed, default=0, help="simulation seed (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 

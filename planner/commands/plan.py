@@ -8,7 +8,9 @@ import sys
 from typing import Any
 
 from planner.cli import add_profile_arg, cost_model, emit, positive_float, positive_int
+from planner.seed_arg import non_negative_seed
 from traces import load_cluster, load_workload
+from traces.io import check_target
 from traces.records import recommended_steps
 
 
@@ -25,7 +27,7 @@ def register(sub: Any) -> None:
     p.add_argument("--sim-steps", type=positive_int, default=None,
                    help="trainer steps per simulation (default: warm-up plus one steady period, 2 (staleness + 1), "
                         "at least 8)")
-    p.add_argument("--seed", type=int, default=0, help="simulation seed (default 0)")
+    p.add_argument("--seed", type=non_negative_seed, default=0, help="simulation seed (default 0)")
     p.add_argument("--solver", choices=("auto", "highs", "cbc"), default="auto", help="MILP solver (default auto)")
     p.add_argument("--no-baselines", action="store_true", help="skip planning and simulating the baselines")
     p.add_argument("--out", metavar="PLAN_JSON", help="write the chosen plan (traces plan format) here")
@@ -39,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
     from planner.export import exports
 
     cluster, workload = load_cluster(args.cluster), load_workload(args.workload)
+    if args.out:  # a bad output path is one line now, not after planning
+        check_target(args.out)
     if args.objective == "pareto":
         eta = workload.staleness if workload.mode == "async" else 0
         frame = pareto(cluster, workload, solver=args.solver, cost_model=cost_model(args),

@@ -13,7 +13,7 @@ from typing import Any
 
 from planner.cli import emit, positive_int
 from traces import SpecError, get_gpu, get_model
-from traces.io import atomic_write_text
+from traces.io import atomic_write_text, check_target
 from traces.progress import bar
 
 
@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     grid.check()
     torch.set_num_threads(1)  # what one runtime process gets: engines and trainer run one thread each
     out = args.out or f"profile-{gpu.name}-{spec.name}.csv"
+    check_target(out)  # before the measurements, not after
     with bar(grid.points, f"profiling {spec.name} on {gpu.name}", unit="shape") as progress:
         rows = profile(spec, gpu.name, grid, args.device, tick=progress.update)
     atomic_write_text(out, rows.to_csv(index=False))

@@ -24,8 +24,10 @@ from typing import Any
 
 from planner.cli import add_profile_arg, cost_model, emit, positive_int
 from planner.commands.fidelity import lines as fidelity_lines
+from planner.seed_arg import non_negative_seed
 from sim.fidelity import Fidelity, predict_run
 from traces import CostModel, ModelSpec, Plan, SpecError, example_cluster, get_model, load_cluster, load_plan
+from traces.io import ensure_folder
 from traces.progress import bar
 from traces.records import observed_workload, read_metrics, read_run, write_run_spec
 
@@ -39,7 +41,7 @@ def register(sub: Any) -> None:
     p.add_argument("plan", help="plan JSON file: its engine count and staleness bound are used")
     p.add_argument("--task", choices=TASKS, default="addition", help="verifiable task (default addition)")
     p.add_argument("--steps", type=positive_int, default=150, help="trainer steps (default 150)")
-    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("--seed", type=non_negative_seed, default=0, help="seed (default 0)")
     p.add_argument("--out", metavar="DIR", help="write metrics.jsonl, timeline.csv, checkpoints and model here")
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint "
                    "(same plan, task and seed; --steps is the total, and may extend the run)")
@@ -92,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster) if args.cluster else example_cluster("cpu-host")
     cm = cost_model(args)
     folder = _run_folder(args)
+    if folder:  # a file in the way is one line now, not after Ray and the engines have started
+        ensure_folder(folder)
     with tempfile.TemporaryDirectory(prefix="rlfleet-run-") as scratch, \
             bar(args.steps, "training", unit="step") as progress:
         out = Path(folder or scratch)  # records are kept for the prediction either way

@@ -6,9 +6,10 @@ import argparse
 from typing import Any
 
 from planner.cli import add_profile_arg, cost_model, emit, positive_int
+from planner.seed_arg import non_negative_seed
 from sim import simulate
 from traces import load_cluster, load_plan, load_workload
-from traces.io import atomic_write_bytes, atomic_write_text
+from traces.io import atomic_write_bytes, atomic_write_text, check_target
 
 
 def register(sub: Any) -> None:
@@ -17,7 +18,7 @@ def register(sub: Any) -> None:
     p.add_argument("--workload", required=True, help="workload YAML file")
     p.add_argument("--plan", required=True, help="plan JSON file")
     p.add_argument("--steps", type=positive_int, default=10, help="trainer steps to simulate (default 10)")
-    p.add_argument("--seed", type=int, default=0, help="random seed for response lengths (default 0)")
+    p.add_argument("--seed", type=non_negative_seed, default=0, help="random seed for response lengths (default 0)")
     p.add_argument("--token-level", action="store_true", help="one event per decode iteration (reference mode)")
     p.add_argument("--timeline", metavar="CSV", help="write the timeline (one row per interval) to this CSV")
     p.add_argument("--gantt", metavar="PNG", help="write a Gantt chart of the timeline to this PNG")
@@ -30,6 +31,9 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cluster, workload, plan = load_cluster(args.cluster), load_workload(args.workload), load_plan(args.plan)
+    for out in (args.timeline, args.gantt):
+        if out:  # a bad output path is one line now, not after the simulation
+            check_target(out)
     r = simulate(cluster, workload, plan, cost_model(args), steps=args.steps, seed=args.seed,
                  token_level=args.token_level)
     if args.timeline:

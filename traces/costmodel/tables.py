@@ -17,7 +17,10 @@ import pandas as pd
 
 from traces.errors import SpecError
 from traces.hardware import get_gpu
+from traces.io import read_user_text
 
+MAX_TABLE_BYTES = 64 * 1024**2  # a measured table: far more rows than a profile run writes
+MAX_AXIS = 1e12  # no axis (tokens, batch) nor a step's seconds comes near this; inf or 1e308 is a typo
 COLUMNS = ("gpu_type", "model", "stage", "tp", "pp", "dp", "batch", "context", "tokens", "seconds", "source")
 # What a row is keyed by (must match exactly) and what it is interpolated over.
 KEYS: dict[str, tuple[str, ...]] = {
@@ -87,6 +90,10 @@ class ProfileTable:
             out[col] = pd.to_numeric(out[col], errors="coerce").fillna(0)
         if (out["seconds"] <= 0).any():
             raise SpecError(f"{origin}: every row needs seconds > 0")
+        numbers = out[["tp", "pp", "dp", "batch", "context", "tokens", "seconds"]].to_numpy(dtype=float)
+        if not np.isfinite(numbers).all() or (numbers > MAX_AXIS).any():
+            raise SpecError(f"{origin}: tp, pp, dp, batch, context, tokens and seconds must be finite numbers "
+                            f"up to {MAX_AXIS:g}; fix the row")
         out["gpu_type"] = [get_gpu(str(g)).name for g in out["gpu_type"]]
         out["model"] = out["model"].astype(str).str.lower()
         return cls(out.reset_index(drop=True))
@@ -155,10 +162,9 @@ def _interp_1d(pts: np.ndarray, vals: np.ndarray, query: np.ndarray) -> np.ndarr
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
-    try:
-        return _read_text(path.read_text(encoding="utf-8"), str(path))
-    except FileNotFoundError:
-        raise SpecError(f"{path}: profile table not found") from None
+    if not os.path.lexists(path):
+        raise SpecError(f"{path}: profile table not found (check the --profile path)")
+    return _read_text(read_user_text(path, MAX_TABLE_BYTES), str(path))
 
 
 def _read_text(text: str, origin: str) -> pd.DataFrame:
