@@ -1,16 +1,30 @@
-"""The runtime: execute a plan for real (torch engines; in one process or on Ray).
+"""The runtime: execute a plan for real (torch or vLLM engines; in one process or on Ray).
 
+The pieces of a run:
 - `model`: tiny Llama from a config + character tokenizer, saved as a Hugging Face folder.
 - `task`: digit addition with an exact-match reward and a stated chance level.
 - `engine`: the rollout-engine interface and a continuous-batching torch engine with a KV cache.
+- `vllm_engine`, `vllm_worker`: the same interface on vLLM, and its worker's in-place weight loading.
 - `trainer`: GRPO advantages, AReaL's decoupled PPO loss, Adam, atomic checkpoints.
-- `staleness`: AReaL's capacity rule and the staleness-safe batch selection.
-- `controller`: the async loop's controller (capacity rule, group routing, batch selection, records).
-- `loop`: the asynchronous loop (round-robin in one process), `run_toy`.
+- `parallel`: data-parallel trainer ranks (DDP or FSDP2), the same step as one trainer.
+- `controller`: the async loop's controller (traces.staleness's capacity rule, group routing,
+  staleness-safe batch selection, records), shared by both loops.
 - `sync`: weight sync over a gloo group of its own (trainer rank 0 broadcasts, engines receive).
-- `ray_loop`: engines and trainer as Ray actors on the plan's placement groups, `run_toy_ray`.
-- `placement`: one Ray placement group per plan group, pinned to its GPU type.
-- `records`: `metrics.jsonl` and the timeline CSV in the simulator's format.
+- `records`: `metrics.jsonl`, the timeline CSV in the simulator's format, checkpoint commits.
+- `evaluation`: a policy's expected reward on the task. `profile`: this machine's stage costs.
 
-Imports point only to `traces` (never `sim` or `planner`), so the runtime ships without them.
+Running one:
+- `run_setup`: what a run starts from; `run_result`: how its loop ended and the run's summary.
+- `loop`: the asynchronous loop in one process (round-robin), `run_in_process`.
+- `ray_run`: a run on Ray from start-up to tear-down, `run_on_ray`; `ray_start`: Ray's start-up.
+- `ray_loop`: the driver on Ray (`RayLoop`, `TrainerLost`); `ray_futures`: results of calls to dying actors.
+- `engine_worker`, `trainer_worker`: the engine and trainer-rank actors.
+- `fleet`: the engine actors' handles, spawning, sync-group joins and replacements.
+- `placement`: one Ray placement group per plan group, pinned to its GPU type.
+- `settings`: sync limits and the `Faults` to inject; `fault_injection` fires them; `committer`: the
+  checkpoint commit thread.
+- `toy`: the toy task's set-up and entry points, `run_toy` (one process) and `run_toy_ray`.
+
+Imports point only to `traces` (never `sim` or `planner`), so the runtime ships without them
+(tests/test_layering.py checks it).
 """

@@ -1,9 +1,9 @@
 """Rollout engines: generate responses with behaviour logprobs, load new weights with a version.
 
-`RolloutEngine` is the interface the loop drives (a vLLM engine will implement it next). It is
-step-wise on purpose: one `step()` is one continuous-batching iteration, so a scheduler can
-interleave engines and a trainer in one process, run each in its own thread, or drive a remote
-actor, without the engine knowing which.
+`RolloutEngine` is the interface the loop drives (`TorchEngine` below and runtime.vllm_engine's
+`VllmEngine` implement it). It is step-wise on purpose: one `step()` is one continuous-batching
+iteration, so a scheduler can interleave engines and a trainer in one process, run each in its own
+thread, or drive a remote actor, without the engine knowing which.
 
 `TorchEngine` is continuous batching over a transformers causal LM with a KV cache:
 - every iteration, running sequences decode one token together (one forward of batch B, length 1);

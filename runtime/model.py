@@ -2,7 +2,7 @@
 
 No hub download exists on the test machines, so the model is built from a config and the tokenizer
 from a fixed alphabet. Both are written with `save_pretrained`, so transformers' `Auto*` classes (and
-later vLLM) load the folder exactly as they would load a real checkpoint.
+vLLM, runtime.vllm_engine) load the folder exactly as they would load a real checkpoint.
 """
 
 from __future__ import annotations
@@ -100,3 +100,8 @@ def save_model(model: PreTrainedModel, tokenizer: CharTokenizer, folder: str | o
 
 def load_model(folder: str | os.PathLike[str]) -> LlamaForCausalLM:
     return LlamaForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+
+
+def model_of(model: PreTrainedModel | str) -> PreTrainedModel:
+    """The model itself, or the one in the Hugging Face folder named (what a Ray actor may be given instead)."""
+    return load_model(model) if isinstance(model, str) else model

@@ -58,9 +58,10 @@ from runtime.trainer import (
     minibatch_rows,
     pack,
 )
+from traces.errors import SpecError
 
-__all__ = ["DataParallelTrainer", "Wrap", "backend_for", "default_device", "host_dp_store", "init_dp_group",
-           "minibatch_rows", "shard_rows", "step_fingerprint"]
+__all__ = ["DataParallelTrainer", "Wrap", "backend_for", "check_dp", "default_device", "host_dp_store",
+           "init_dp_group", "minibatch_rows", "shard_rows", "step_fingerprint"]
 
 # ddp: a full replica per rank, gradients all-reduced. fsdp: FSDP2's fully_shard, parameters, gradients and
 # Adam state sharded over the ranks (memory / dp), weights all-gathered for each forward
@@ -113,6 +114,14 @@ def shard_rows(groups: Sequence[int], rank: int, world_size: int) -> tuple[int, 
     per_rank = len(order) // world_size
     mine = set(order[rank * per_rank:(rank + 1) * per_rank])
     return tuple(i for i, g in enumerate(groups) if g in mine)
+
+
+def check_dp(dp: int, prompts_per_step: int) -> None:
+    """SpecError unless dp ranks can share a step's GRPO groups (one per prompt) equally (shard_rows's rule),
+    said before any actor starts."""
+    if dp < 1 or prompts_per_step % dp:
+        raise SpecError(f"trainer dp={dp} cannot share a step's {prompts_per_step} GRPO groups equally; "
+                        f"use a dp that divides {prompts_per_step}")
 
 
 def step_fingerprint(rollouts: Sequence[Rollout], seed: int, version: int, config: TrainConfig) -> int:

@@ -123,3 +123,16 @@ def read_checkpoint(out_dir: str | os.PathLike[str], identity: dict[str, Any]) -
     if not (folder / trainer).is_file():
         raise SpecError(f"{folder}: the checkpoint names {trainer}, which is missing")
     return record
+
+
+def resume_record(out: Path | None, resume: bool, identity: dict[str, Any], steps: int) -> dict[str, Any] | None:
+    """The checkpoint to continue (SpecError: none, another run's, or already at `steps`), or None."""
+    if not resume:
+        return None
+    if out is None:
+        raise SpecError("resuming needs the run folder (out_dir)")
+    record = read_checkpoint(out, identity)
+    if int(record["version"]) >= steps:
+        raise SpecError(f"{out}: the checkpoint is at step {record['version']} already; ask for more than "
+                        f"{record['version']} steps to continue it")
+    return record

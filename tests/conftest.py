@@ -31,7 +31,8 @@ class CliResult:
 def ray_cluster() -> Iterator[None]:
     """A local Ray on loopback for the toy plan (2 engines, staleness 2), one per test module."""
     ray = pytest.importorskip("ray", reason="ray is part of the runtime extra that make test installs")
-    from runtime.ray_loop import init_ray, toy_plan
+    from runtime.ray_start import init_ray
+    from runtime.toy import toy_plan
 
     init_ray(toy_plan(engines=2, staleness=2))
     assert all(n["NodeManagerAddress"] == "127.0.0.1" for n in ray.nodes())  # loopback only

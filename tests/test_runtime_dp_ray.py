@@ -68,7 +68,9 @@ def ray_down() -> Iterator[None]:
 
 def test_dead_rank_1_stops_the_run_and_every_rank_resumes_from_rank_0s_checkpoint(ray_down: None,
                                                                                    tmp_path: Path) -> None:
-    from runtime.ray_loop import Faults, TrainerLost, run_toy_ray
+    from runtime.ray_loop import TrainerLost
+    from runtime.settings import Faults
+    from runtime.toy import run_toy_ray
 
     steps, kill = 5, 2
     with pytest.raises(TrainerLost, match=f"during step {kill}; .* checkpoint at version {kill}"):

@@ -169,7 +169,8 @@ def _timeline(out: Path) -> list[dict[str, str]]:
 
 def test_killed_engine_is_replaced_and_its_samples_regenerated(ray_cluster: None, tmp_path: Path) -> None:
     """One engine, killed mid-generation after version 2: the run cannot go on without its replacement."""
-    from runtime.ray_loop import Faults, run_toy_ray
+    from runtime.settings import Faults
+    from runtime.toy import run_toy_ray
 
     result = run_toy_ray(6, engines=1, seed=0, out_dir=tmp_path, faults=Faults(kill_engine=(0, 2)), **SMALL)
     figures = _assert_nothing_lost_or_trained_twice(result, tmp_path, SMALL["group_size"])
@@ -188,7 +189,8 @@ def test_killed_engine_is_replaced_and_its_samples_regenerated(ray_cluster: None
 def test_engine_killed_during_the_weight_broadcast(ray_cluster: None, tmp_path: Path) -> None:
     """The broadcast of version 2 breaks (a dead rank): the survivor waits out the sync timeout, the group
     is rebuilt around it, the weights go out again, and the run carries on."""
-    from runtime.ray_loop import Faults, run_toy_ray
+    from runtime.settings import Faults
+    from runtime.toy import run_toy_ray
 
     # engine 0 is sync rank 1: the trainer reaches it first and fails there, engine 1 never gets its bytes
     result = run_toy_ray(7, engines=2, seed=1, out_dir=tmp_path, faults=Faults(kill_engine_in_sync=(0, 2)),
@@ -205,7 +207,9 @@ def test_engine_killed_during_the_weight_broadcast(ray_cluster: None, tmp_path: 
 
 def test_killed_trainer_resumes_to_the_uninterrupted_runs_step_and_version(ray_cluster: None,
                                                                             tmp_path: Path) -> None:
-    from runtime.ray_loop import Faults, TrainerLost, run_toy_ray
+    from runtime.ray_loop import TrainerLost
+    from runtime.settings import Faults
+    from runtime.toy import run_toy_ray
 
     steps, kill = 8, 5
     common = {"engines": 2, "seed": 0, "checkpoint_every": 1, **SMALL}

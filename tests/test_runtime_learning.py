@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from runtime.loop import run_toy
 from runtime.records import TIMELINE_COLUMNS, read_metrics
+from runtime.toy import run_toy
 
 STEPS = 150
 ETA = 2

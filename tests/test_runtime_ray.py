@@ -78,9 +78,10 @@ def test_sync_delivers_the_senders_bytes_and_version_to_every_engine(ray_cluster
 
 
 def test_actors_sync_leaves_every_engine_with_the_trainers_weights(ray_cluster: None) -> None:
+    from runtime.fleet import start_actors
     from runtime.model import CharTokenizer, build_model, tiny_llama_config
     from runtime.placement import place
-    from runtime.ray_loop import start_actors, toy_plan
+    from runtime.toy import toy_plan
     from runtime.trainer import Rollout, TrainConfig
 
     tok = CharTokenizer()
@@ -113,7 +114,7 @@ def test_actors_sync_leaves_every_engine_with_the_trainers_weights(ray_cluster: 
 
 def test_async_grpo_on_ray_beats_five_times_chance_within_the_staleness_bound(ray_cluster: None,
                                                                                tmp_path: Path) -> None:
-    from runtime.ray_loop import run_toy_ray
+    from runtime.toy import run_toy_ray
 
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
@@ -150,7 +151,7 @@ def test_async_grpo_on_ray_beats_five_times_chance_within_the_staleness_bound(ra
 
 def test_ray_loop_keeps_the_bound_with_draining_engines_on_policy(ray_cluster: None) -> None:
     """eta = 0 with non-interruptible engines: each engine drains, loads, then accepts again (no stall)."""
-    from runtime.ray_loop import run_toy_ray
+    from runtime.toy import run_toy_ray
 
     rows: list[dict[str, Any]] = []
     result = run_toy_ray(6, engines=2, staleness=0, seed=1, prompts_per_step=4, group_size=4, interruptible=False,

@@ -1,1 +1,1 @@
-"""One module per `rlfleet` sub-command; each has register(subparsers)."""
+"""One module per `rlfleet` sub-command; each has register(subparsers). `args` holds what they share."""

@@ -14,7 +14,7 @@ import datetime
 from pathlib import Path
 from typing import Any
 
-from planner.cli import emit
+from planner.commands.args import emit, non_negative_seed
 from sim.breakdown import mean_phases
 from sim.calibrate import calibrate, profile_rows
 from traces import SpecError, load_cluster, load_plan, load_workload
@@ -31,7 +31,7 @@ def register(sub: Any) -> None:
     p.add_argument("--workload", help="workload YAML of the run")
     p.add_argument("--plan", help="plan JSON of the run")
     p.add_argument("--out", default="calibrated-profile.csv", help="cost-table CSV to write (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="simulation seed (default 0)")
+    p.add_argument("--seed", type=non_negative_seed, default=0, help="simulation seed (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from planner.cli import emit
+from planner.commands.args import emit
 from traces import example_clusters, example_workloads, get_gpu, get_model, gpu_names, model_names
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.cli import emit, positive_float, positive_int
+from planner.commands.args import emit, positive_float, positive_int
 from traces import CostModel, GpuType, ModelSpec, SpecError, get_model, load_cluster
 from traces.cluster import DEFAULT_INTER_NODE_GB_PER_S, MAX_GB_PER_S, MIN_GB_PER_S
 from traces.costmodel.roofline import train_flops_per_token

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from planner.cli import add_profile_arg, cost_model, emit
-from planner.seed_arg import non_negative_seed
+from planner.commands.args import add_profile_arg, cost_model, emit, non_negative_seed
 from sim.fidelity import Fidelity, predict_run
 from traces.records import read_run
 

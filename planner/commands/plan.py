@@ -7,8 +7,7 @@ import math
 import sys
 from typing import Any
 
-from planner.cli import add_profile_arg, cost_model, emit, positive_float, positive_int
-from planner.seed_arg import non_negative_seed
+from planner.commands.args import add_profile_arg, cost_model, emit, non_negative_seed, positive_float, positive_int
 from traces import load_cluster, load_workload
 from traces.io import check_target
 from traces.records import recommended_steps

@@ -11,20 +11,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from planner.cli import emit, positive_int
+from planner.commands.args import emit, int_list, positive_int
 from traces import SpecError, get_gpu, get_model
 from traces.io import atomic_write_text, check_target
 from traces.progress import bar
-
-
-def int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive whole numbers, got {text!r}")
-    return values
 
 
 def register(sub: Any) -> None:
@@ -43,7 +33,7 @@ def register(sub: Any) -> None:
     p.add_argument("--repeats", type=positive_int, default=None, help="timed repeats per point (default 3)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
-    from planner.commands import profile_import  # here: it uses int_list from this module
+    from planner.commands import profile_import  # here: only `profile` uses it
 
     profile_import.register(p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p),
                                              help="import: profiles measured elsewhere (none: measure this machine)"))

@@ -11,8 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from planner.cli import emit, positive_int
-from planner.commands.profile import int_list
+from planner.commands.args import emit, int_list, positive_int
 from traces import SpecError
 from traces.costmodel.tables import COLUMNS
 from traces.io import atomic_write_text

@@ -6,8 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from planner.cli import add_profile_arg, cost_model, emit, positive_int
-from planner.seed_arg import non_negative_seed
+from planner.commands.args import add_profile_arg, cost_model, emit, non_negative_seed, positive_int
 from traces import load_cluster, load_plan, load_workload
 from traces.io import atomic_write_text, check_target
 

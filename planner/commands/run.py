@@ -1,6 +1,6 @@
 """`rlfleet run`: execute a plan's RL loop (the toy task on CPU today) and record it.
 
-By default engines and trainer are Ray actors placed by GPU type (runtime.ray_loop: a local Ray on
+By default engines and trainer are Ray actors placed by GPU type (runtime.ray_run: a local Ray on
 loopback, or `--address` to join one) with weights broadcast over torch.distributed (gloo);
 `--local` interleaves them in one process instead (runtime.loop), which is quicker to start.
 
@@ -22,9 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from planner.cli import add_profile_arg, cost_model, emit, positive_int
+from planner.commands.args import add_profile_arg, cost_model, emit, non_negative_seed, positive_int
 from planner.commands.fidelity import lines as fidelity_lines
-from planner.seed_arg import non_negative_seed
 from sim.fidelity import Fidelity, predict_run
 from traces import CostModel, ModelSpec, Plan, SpecError, example_cluster, get_model, load_cluster, load_plan
 from traces.io import ensure_folder
@@ -32,7 +31,7 @@ from traces.progress import bar
 from traces.records import observed_workload, read_metrics, read_run, write_run_spec
 
 TASKS = ("addition",)
-PROMPTS_PER_STEP, GROUP_SIZE = 16, 16  # the toy run's batch: 256 samples a step (runtime.loop.run_toy)
+PROMPTS_PER_STEP, GROUP_SIZE = 16, 16  # the toy run's batch: 256 samples a step (runtime.toy.run_toy)
 EXIT_RUN_FAILED = 1  # the run itself failed (a dead trainer); bad input exits 2
 
 
@@ -70,8 +69,9 @@ def run(args: argparse.Namespace) -> int:
         import torch
         import transformers
 
-        from runtime.loop import run_toy
-        from runtime.ray_loop import TrainerLost, check_dp, run_toy_ray
+        from runtime.parallel import check_dp
+        from runtime.ray_loop import TrainerLost
+        from runtime.toy import run_toy, run_toy_ray
         from runtime.trainer import TrainConfig
     except ImportError as exc:
         raise SpecError(f"rlfleet run needs the runtime extra ({exc.name} is missing): pip install -e '.[runtime]'"

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from planner.cli import add_profile_arg, cost_model, emit, positive_int
-from planner.seed_arg import non_negative_seed
+from planner.commands.args import add_profile_arg, cost_model, emit, non_negative_seed, positive_int
 from sim import simulate
 from traces import load_cluster, load_plan, load_workload
 from traces.io import atomic_write_bytes, atomic_write_text, check_target

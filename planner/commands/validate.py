@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from planner.cli import emit
+from planner.commands.args import emit
 from traces import SpecError, load_cluster, load_plan, load_workload
 from traces.plan_check import check_plan
 

@@ -1,0 +1,68 @@
+"""One run on Ray, from start-up to tear-down: Ray, the plan's placement groups, the fleet, the driver.
+
+`run_on_ray` takes a `RunSetup` (runtime.run_setup) and a plan, whoever built them: the toy task
+(runtime.toy) today, a real model and data set later. It starts a local Ray on loopback (or joins
+`address`) and leaves it running for the caller to shut down (`ray.shutdown()`), so several runs
+share one start-up. Its actors and placement groups are gone when it returns, or raises.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from runtime.controller import Controller, LoopConfig
+from runtime.fleet import engine_spawner, start_fleet
+from runtime.placement import place
+from runtime.ray_loop import RayLoop
+from runtime.ray_start import init_ray
+from runtime.records import RunRecorder
+from runtime.run_result import Finished
+from runtime.run_setup import RunSetup
+from runtime.settings import SYNC_TIMEOUT_S, Faults, SyncSettings
+from traces import Plan
+
+
+def run_on_ray(plan: Plan, setup: RunSetup, config: LoopConfig, seed: int = 0, max_batch: int = 256,
+               interruptible: bool = True, address: str | None = None,
+               progress: Callable[[dict[str, Any]], None] | None = None, faults: Faults | None = None,
+               sync_timeout_s: float = SYNC_TIMEOUT_S) -> Finished:
+    """Train `setup` with the plan's engines and trainer ranks as Ray actors and real weight sync.
+
+    Dead engines are replaced; a dead trainer raises `runtime.ray_loop.TrainerLost`, and a setup with
+    a checkpoint record continues that run (every trainer rank loads rank 0's file)."""
+    import ray
+
+    out, model, tokenizer, record = setup.out, setup.model, setup.tokenizer, setup.record
+    init_ray(plan, address)
+    groups = place(plan, gpus=False)
+    loop: RayLoop | None = None
+    actors: list[Any] = []
+    spawn = engine_spawner(groups, model, tokenizer, seed, max_batch, interruptible)
+    try:
+        handles, ranks = start_fleet(groups, model, tokenizer, setup.train, seed, max_batch, interruptible,
+                                     timeout_s=sync_timeout_s, spawn=spawn)
+        trainer = ranks[0]
+        actors = [h.actor for h in handles] + ranks
+        control = Controller(setup.task, tokenizer, config, seed=seed, out_dir=out, clock=time.time,
+                             progress=progress, identity=setup.identity)
+        if record is not None:
+            assert out is not None
+            # rank 0 wrote one file; every rank loads it, so the replicas continue equal
+            ray.get([rank.load_checkpoint.remote(str(out / record["trainer"])) for rank in ranks])
+            control.restore(record["controller"], RunRecorder.resume(out, record["records"]))
+        loop = RayLoop(control, handles, trainer, out, spawn=spawn, faults=faults or Faults(),
+                       sync=SyncSettings(timeout_s=sync_timeout_s), peers=ranks[1:])
+        t0 = time.time()
+        loop.run()
+        seconds = time.time() - t0
+        model.load_state_dict(ray.get(trainer.weights.remote()))
+        described = tuple(ray.get([rank.describe.remote() for rank in ranks]))
+    finally:
+        for actor in (loop.actors() if loop is not None else []) + actors:
+            ray.kill(actor)
+        for g in groups:
+            ray.util.remove_placement_group(g.placement_group)
+    return Finished(control, model, seconds, described[0]["version"], described[0]["optimizer_steps"],
+                    loop.fleet.restarts, described)
