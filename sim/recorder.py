@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.kernels import add_busy
+from sim.kernels.tallies import add_busy
 from traces import SpecError
 
 MAX_EVENTS = 20_000_000  # a bound on any one simulation, so bad input cannot hang it
