@@ -20,32 +20,47 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import simpy
 
-from sim.admission import EMPTY, Admission, decide_admission, joined_batch
+from sim.admission import EMPTY, Admission
 from sim.clock import timeout_at
 from sim.controller import Controller
-from sim.decode_plans import Batch, DecodePlan, DecodeRequest
+from sim.decode_plans import Batch, DecodeCut, DecodePlan
 from sim.decode_tables import DecodeTable, PrefillCurve
-from sim.fleet_state import Resume
+from sim.fleet_state import EngineTable, Resume
 from sim.recorder import Recorder
-from sim.segment import Segment
+from sim.segment import Segment, prepare
 
-if TYPE_CHECKING:  # the fleet holds its engines; an engine only calls the fleet's public methods
-    from sim.fleet import Fleet
+
+class FleetLink(Protocol):
+    """What an engine asks of its fleet (sim.fleet.Fleet): the whole interface between the two."""
+
+    table: EngineTable  # its version and pending update are its row here
+
+    def add(self, engine: Engine) -> int: ...
+    def ask(self, engine: Engine, reprefill: bool, event: simpy.Event | None = None) -> simpy.Event: ...
+    def load(self, engine: Engine) -> simpy.Event: ...
+    def lay_out(self, segments: list[Segment]) -> None: ...
+    def note_interrupted(self, engine: Engine, plan: DecodePlan) -> None: ...
+    def cut(self, engine: Engine, plan: DecodePlan) -> DecodeCut: ...
+    def is_parked(self, i: int) -> bool: ...
+    def held_load(self, i: int) -> int | None: ...
+    def held_queued(self, i: int) -> int | None: ...
+    def unpark(self, engine: Engine) -> None: ...
 
 
 class Engine:
     """One rollout engine's process and state. What the fleet and the router use of it is public:
-    its queues (`batch`, `waiting`, `inbox`, `progress`, `context`), `version` and `update` (rows
-    of the fleet's engine table), and the methods below marked for the fleet."""
+    its queues (`batch`, `waiting`, `inbox`, `progress`, `context`), `version` and `update` (its
+    row of the fleet's engine table), and the methods marked for the fleet; it asks the fleet only
+    what `FleetLink` names."""
 
     def __init__(
         self, env: simpy.Environment, name: str, group: str, decode: DecodeTable, prefill: PrefillCurve,
-        max_batch: int, kv_tokens: float, controller: Controller, recorder: Recorder, fleet: Fleet,
+        max_batch: int, kv_tokens: float, controller: Controller, recorder: Recorder, fleet: FleetLink,
         reward_seconds: float, *, mean_iteration_s: tuple[float, ...], interruptible: bool,
     ) -> None:
         self.env, self.name, self.group = env, name, group
@@ -158,7 +173,7 @@ class Engine:
                 # the instant (quiet: no more work can come this instant)
                 segment = yield self.fleet.ask(self, False)
             else:
-                segment = self.prepare(False)
+                segment = prepare(self, False)
             woken = False
             if isinstance(segment, Resume):  # it was parked with the fleet meanwhile
                 woken = yield from self._resume(segment)
@@ -214,47 +229,6 @@ class Engine:
     def quiet(self) -> bool:
         """Nothing but an interrupt can reach this engine: it may decide past its next decisions."""
         return self.update is None and self.controller.allowance() <= 0
-
-    def prepare(self, reprefill: bool) -> Segment:
-        """For the fleet too: KV re-prefill, admission and prefill, then decode: as far as the engine
-        can see now.
-
-        When quiet, all of it is decided now (and the decode plan's completions filed at once).
-        Otherwise only the first of them: then the loop looks again (new requests or an update may
-        be waiting by then).
-        """
-        quiet = self.quiet()
-        t = self.env.now
-        reprefill_end = None
-        if reprefill:
-            reprefill_end = t = t + self.prefill(self.context)
-        admission = self._admission()
-        now_joined, prefill_end = None, None
-        if len(admission.sids) and (quiet or not reprefill):
-            batch, context, tokens = joined_batch(self.samples, self.batch, admission.sids, admission.fresh,
-                                                  self.progress, self.context)
-            now_joined = (batch, context)
-            prefill_end = t = t + self.prefill(tokens)
-        else:
-            batch, context = self.batch, self.context
-        request = None
-        if len(batch) and (quiet or not (reprefill or len(admission.sids))):
-            # after a completion the engine would admit what waits, or what new requests bring
-            stop = not quiet or bool(admission.waiting) or len(admission.inbox) > 0
-            request = DecodeRequest(batch, self.progress, context, t, self.kv_tokens, self.decode, stop)
-        return Segment(quiet, self.env.now, reprefill_end, admission, now_joined, prefill_end, request)
-
-    def prepare_routed(self, reprefill: bool, new: Batch, tokens: int) -> Segment:
-        """For the fleet: `prepare` when quiet with nothing preempted waiting, and `new` (the inbox's head) all fits."""
-        now = self.env.now
-        reprefill_end = now + self.prefill(self.context) if reprefill else None
-        context = self.context + tokens
-        prefill_end = t = (now if reprefill_end is None else reprefill_end) + self.prefill(tokens)
-        inbox = self.inbox[len(new):]
-        admission = Admission(new.sid, self.waiting, inbox)
-        joined = (new, context)  # Fleet puts the whole batch, as the decode plan sorted it, in here
-        request = DecodeRequest(self.batch, self.progress, context, t, self.kv_tokens, self.decode, len(inbox) > 0, new)
-        return Segment(True, now, reprefill_end, admission, joined, prefill_end, request)
 
     def _run(self, sg: Segment) -> Generator[simpy.Event, Any, bool]:
         """Carry out a segment; an update arriving during a prefill voids the rest. False: idle."""
@@ -330,13 +304,6 @@ class Engine:
         else:
             yield timeout_at(self.env, sg.prefill_end)  # type: ignore[arg-type]
         self.catch_up()
-
-    def _admission(self) -> Admission:
-        """Which waiting, then routed, samples join the batch now (sim.admission)."""
-        if self.update is not None or not (self.waiting or len(self.inbox)):  # a draining engine admits nothing
-            return Admission(EMPTY, self.waiting, self.inbox)
-        return decide_admission(self.samples, self.waiting, self.inbox, len(self.batch), self.max_batch,
-                                self.context, self.kv_tokens)
 
     def _admit(self, admission: Admission, batch: Batch, context: float) -> None:
         self.waiting, self.inbox = admission.waiting, admission.inbox
@@ -457,7 +424,7 @@ class Engine:
         reprefill = len(self.batch) > 0
         if reprefill or not (self.waiting or len(self.inbox)):
             return self.fleet.ask(self, reprefill, event)
-        segment = self.prepare(False)  # admits what it already holds at once, as the reference does
+        segment = prepare(self, False)  # admits what it already holds at once, as the reference does
         if event is not None:
             event.succeed(segment)
         return segment

@@ -10,25 +10,21 @@ the controller routes through (`router_view`, `assign`: sim.controller.FleetView
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import simpy
 
 from sim.clock import timeout_at
 from sim.controller import Controller
 from sim.decode_plans import Batch, DecodeCut, DecodePlan, cuts_of, decode_plans_of, first_jump_plan
+from sim.engine import Engine
 from sim.engine_groups import Loading
 from sim.fleet_state import EngineConstants, EngineTable, Where
 from sim.parking import Parking
 from sim.recorder import Recorder
 from sim.samples import Samples
-from sim.segment import Segment
+from sim.segment import Segment, prepare, prepare_routed
 from traces.capacity import fits_kv
 from traces.routing import deal
-
-if TYPE_CHECKING:  # engines join the fleet; the fleet calls only their public methods
-    from sim.engine import Engine
 
 
 class Fleet:
@@ -98,12 +94,12 @@ class Fleet:
         segments = self._prepare_all([(engine, reprefill) for engine, reprefill, _ in asking])
         self.lay_out(segments)
         for (_, _, event), segment in zip(asking, segments, strict=True):
-            if segment.request is not None and segment.request.new is not None:  # see Engine.prepare_routed
+            if segment.request is not None and segment.request.new is not None:  # see sim.segment.prepare_routed
                 segment.joined = (segment.plan.batch, segment.joined[1])  # type: ignore[union-attr,index]
             event.succeed(segment)
 
     def _prepare_all(self, asking: list[tuple[Engine, bool]]) -> list[Segment]:
-        """Engine.prepare for many engines; the usual case (quiet, nothing preempted waiting, routed
+        """sim.segment.prepare for many engines; the usual case (quiet, nothing preempted waiting, routed
         requests that all fit) as one set of arrays, any other engine on its own."""
         out: list[Segment | None] = [None] * len(asking)
         common = []
@@ -111,7 +107,7 @@ class Fleet:
             if e.quiet() and not e.waiting and len(e.inbox) > 0 and len(e.batch) < e.max_batch:
                 common.append(i)
             else:
-                out[i] = e.prepare(reprefill)
+                out[i] = prepare(e, reprefill)
         if common:
             assert self.parking is not None
             engines = [asking[i][0] for i in common]
@@ -132,11 +128,11 @@ class Fleet:
             for n, i in enumerate(common):
                 e, reprefill = asking[i]
                 if misfit[n]:  # one does not fit: it waits, first in line; the engine works that out
-                    out[i] = e.prepare(reprefill)
+                    out[i] = prepare(e, reprefill)
                     continue
                 lo, hi = bounds[n], bounds[n + 1]
                 new = Batch(ids[lo:hi], finish[lo:hi], np.full(hi - lo, e.progress, np.int64))
-                out[i] = e.prepare_routed(reprefill, new, tokens[n])
+                out[i] = prepare_routed(e, reprefill, new, tokens[n])
         return out  # type: ignore[return-value]
 
     def lay_out(self, segments: list[Segment]) -> None:

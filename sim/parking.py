@@ -10,7 +10,6 @@ in, and carries on there; its process waits meanwhile on an event this class hol
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
@@ -19,6 +18,7 @@ from sim.admission import EMPTY, Admission
 from sim.clock import timeout_at
 from sim.controller import Controller
 from sim.decode_plans import Batch, flat_decode_plans
+from sim.engine import Engine
 from sim.engine_groups import Loading, Parked
 from sim.fleet_state import EngineConstants, EngineTable, Resume, Where
 from sim.kernels.fleet_passes import (
@@ -33,9 +33,6 @@ from sim.kernels.fleet_passes import (
 from sim.recorder import Recorder
 from sim.samples import Samples
 from sim.segment import Segment
-
-if TYPE_CHECKING:  # the fleet's engines; parking calls only their public methods
-    from sim.engine import Engine
 
 
 class Parking:
