@@ -18,7 +18,7 @@ from sim.controller import Controller
 from sim.decode_plans import Batch, DecodeCut, DecodePlan, cuts_of, decode_plans_of, first_jump_plan
 from sim.engine import Engine
 from sim.engine_groups import Loading
-from sim.fleet_state import EngineConstants, EngineTable, Where
+from sim.fleet_state import LOADING, OWN, PARKED, EngineConstants, EngineTable
 from sim.parking import Parking
 from sim.recorder import Recorder
 from sim.samples import Samples
@@ -167,7 +167,7 @@ class Fleet:
         request = (version, ready_at)
         loading = self.parking.stop_all(request)
         n = len(self.engines)
-        waits = self.table.where[:n] == Where.LOADING  # they only note it: their weights are on the way
+        waits = self.table.where[:n] == LOADING  # they only note it: their weights are on the way
         self.table.update_version[:n][waits], self.table.update_ready[:n][waits] = version, ready_at
         for i in np.flatnonzero(~waits).tolist():
             self.engines[i].request_update(version, ready_at)
@@ -233,23 +233,23 @@ class Fleet:
     # ---- what engines ask of the fleet while it holds them ------------------------------------------
     def is_parked(self, i: int) -> bool:
         """Engine i sleeps through its decode plan in the fleet's arrays."""
-        return bool(self.table.where[i] == Where.PARKED)
+        return bool(self.table.where[i] == PARKED)
 
     def held_load(self, i: int) -> int | None:
         """Running and routed samples the fleet holds for engine i, or None: it holds its own."""
         where = self.table.where[i]
-        if where == Where.OWN:
+        if where == OWN:
             return None
         assert self.parking is not None
-        return self.parking.parked_load(i) if where == Where.PARKED else self.parking.loading_load(i)
+        return self.parking.parked_load(i) if where == PARKED else self.parking.loading_load(i)
 
     def held_queued(self, i: int) -> int | None:
         """Samples routed to engine i, held by the fleet, that its admission has not taken yet; or None."""
         where = self.table.where[i]
-        if where == Where.OWN:
+        if where == OWN:
             return None
         assert self.parking is not None
-        return self.parking.parked_queued(i) if where == Where.PARKED else self.parking.loading_queued(i)
+        return self.parking.parked_queued(i) if where == PARKED else self.parking.loading_queued(i)
 
     def unpark(self, engine: Engine) -> None:
         """Hand a parked engine back to its process: it has something of its own to do."""

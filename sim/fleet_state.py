@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum, IntEnum
+from enum import Enum
 from typing import Protocol
 
 import numpy as np
@@ -18,13 +18,10 @@ from sim.decode_tables import DecodeStack, DecodeTable, PrefillCurve, stack_of
 from sim.engine_groups import Loading, Parked
 from traces.capacity import kv_room
 
-
-class Where(IntEnum):
-    """Where an engine's state lives."""
-
-    OWN = 0  # on the engine: its own simpy process runs it
-    PARKED = 1  # in a sim.engine_groups.Parked, at its slot: it sleeps through its decode plan as arrays
-    LOADING = 2  # in a sim.engine_groups.Loading, at its slot: stopped at a push, waiting for the weights
+# Where an engine's state lives (EngineTable.where; plain ints: the event loop compares them often)
+OWN = 0  # on the engine: its own simpy process runs it
+PARKED = 1  # in a sim.engine_groups.Parked, at its slot: it sleeps through its decode plan as arrays
+LOADING = 2  # in a sim.engine_groups.Loading, at its slot: stopped at a push, waiting for the weights
 
 
 class Resume(Enum):
@@ -89,7 +86,7 @@ class EngineTable:
         i = self.n
         if i == len(self.where):  # room for twice as many
             n = max(64, 2 * i)
-            self.where = np.concatenate((self.where, np.full(n - i, Where.OWN, np.int8)))
+            self.where = np.concatenate((self.where, np.full(n - i, OWN, np.int8)))
             self.home = np.concatenate((self.home, np.full(n - i, None, object)))
             grow = np.zeros(n - i, np.int64)
             self.slot, self.version = np.concatenate((self.slot, grow)), np.concatenate((self.version, grow))
@@ -98,13 +95,13 @@ class EngineTable:
         self.n += 1
         return i
 
-    def place(self, idx: np.ndarray | list[int], where: Where, home: Parked | Loading | None) -> None:
+    def place(self, idx: np.ndarray | list[int], where: int, home: Parked | Loading | None) -> None:
         """Engines idx (in this order: slots 0, 1, ...) now live in `home` (or their own process)."""
         self.where[idx] = where
         self.home[idx] = home
         self.slot[idx] = np.arange(len(idx))
 
-    def held(self, i: int, where: Where) -> Parked | Loading | None:
+    def held(self, i: int, where: int) -> Parked | Loading | None:
         """Engine i's Parked or Loading when the fleet holds it there (`where`), else None."""
         return self.home[i] if self.where[i] == where else None
 

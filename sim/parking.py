@@ -20,7 +20,7 @@ from sim.controller import Controller
 from sim.decode_plans import Batch, flat_decode_plans
 from sim.engine import Engine
 from sim.engine_groups import Loading, Parked
-from sim.fleet_state import EngineConstants, EngineTable, Resume, Where
+from sim.fleet_state import LOADING, OWN, PARKED, EngineConstants, EngineTable, Resume
 from sim.kernels.fleet_passes import (
     admissible,
     admit_rows,
@@ -61,8 +61,8 @@ class Parking:
         for e, rp, event in asking:
             if quiet and e.update is None and not e.waiting:
                 self._events[e.index] = event
-                if self.table.where[e.index] == Where.LOADING:
-                    self.table.place([e.index], Where.OWN, None)
+                if self.table.where[e.index] == LOADING:
+                    self.table.place([e.index], OWN, None)
                 own.append(e.index)
                 own_reprefill.append(rp)
             else:
@@ -79,7 +79,7 @@ class Parking:
             # Nothing was preempted waiting on them when they parked, and nothing can have joined
             # their queues since (their process slept; the router sends them work as arrays): an
             # update that came in meanwhile is all that can keep them from parking again
-            self.table.place(g.engines, Where.OWN, None)
+            self.table.place(g.engines, OWN, None)
             free_parts.append(self.table.update_version[g.engines] < 0)
             idx_parts.append(g.engines)
             reprefill_parts.append(g.count > 0)
@@ -158,7 +158,7 @@ class Parking:
         p = Parked(idx, np.ones(n, bool), version, progress, context, context1, np.full(n, now), reprefill_end,
                    prefill_end, running, head, np.ones(n, bool), is_new, rest, idle_end, flat, t0, first_part)
         self.parked = [q for q in self.parked if q.alive.any()] + [p]
-        self.table.place(idx, Where.PARKED, p)
+        self.table.place(idx, PARKED, p)
         for i in np.flatnonzero(rest).tolist():  # no room for them yet
             self.engines[idx[i]].inbox = in_sid[~take & (in_owner == i)]
         for i in np.flatnonzero(~idle_end & (np.diff(flat.jumps) > 0)).tolist():  # it decides when it ends
@@ -178,10 +178,10 @@ class Parking:
     def unpark(self, e: Engine, resume: Resume | None = None) -> None:
         """Hand a parked engine back to its process, in the state the per-engine path would have it
         in now (its plan in progress, its prefills' records caught up), and resume it."""
-        p, i = self.table.held(e.index, Where.PARKED), int(self.table.slot[e.index])
+        p, i = self.table.held(e.index, PARKED), int(self.table.slot[e.index])
         assert isinstance(p, Parked)
         p.alive[i] = False
-        self.table.place([e.index], Where.OWN, None)
+        self.table.place([e.index], OWN, None)
         flat, t0 = p.plans, float(p.t0[i])
         progress, version = int(p.progress[i]), int(p.version[i])
         if flat.jumps[i] == flat.jumps[i + 1]:  # idle
@@ -272,7 +272,7 @@ class Parking:
         waiting_since[cutting] = stop_at
         keep = np.flatnonzero(chosen)
         g = Loading(p.engines[keep], p.version[keep], progress[keep], context[keep], waiting_since[keep], *stays)
-        self.table.place(g.engines, Where.LOADING, g)
+        self.table.place(g.engines, LOADING, g)
         return g
 
     def _record_phases(self, p: Parked, which: np.ndarray, now: float, final: bool = False) -> None:
@@ -303,32 +303,32 @@ class Parking:
         self.rec.count(int((sizes == 0).sum()))
 
     # ---- what the fleet's engines hold while here ----------------------------------------------
-    def _home(self, e: int, where: Where) -> tuple[Parked | Loading, int]:
+    def _home(self, e: int, where: int) -> tuple[Parked | Loading, int]:
         home = self.table.held(e, where)
         assert home is not None
         return home, int(self.table.slot[e])
 
     def loading_load(self, e: int) -> int:
         """Running and routed samples of engine e, waiting for (or just given) weights as arrays."""
-        g, i = self._home(e, Where.LOADING)
+        g, i = self._home(e, LOADING)
         assert isinstance(g, Loading)
         return int(g.count[i] + g.inbox_count[i])
 
     def loading_queued(self, e: int) -> int:
         """Samples routed to engine e while it waits for weights as arrays."""
-        g, i = self._home(e, Where.LOADING)
+        g, i = self._home(e, LOADING)
         assert isinstance(g, Loading)
         return int(g.inbox_count[i])
 
     def parked_load(self, e: int) -> int:
         """Samples parked engine e still runs (those whose jump has ended are gone)."""
-        p, i = self._home(e, Where.PARKED)
+        p, i = self._home(e, PARKED)
         assert isinstance(p, Parked)
         return int(p.plans.rows[i + 1] - p.plans.rows[i]) - p.completed_by(i, self.env.now)
 
     def parked_queued(self, e: int) -> int:
         """Samples routed to parked engine e that its admission has not taken yet."""
-        p, i = self._home(e, Where.PARKED)
+        p, i = self._home(e, PARKED)
         assert isinstance(p, Parked)
         admitted = not (p.reprefill_end[i] > self.env.now)  # it admits when its re-prefill ends
         return 0 if admitted else int(p.n_new[i])
