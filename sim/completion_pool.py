@@ -2,7 +2,7 @@
 
 An engine decoding a fixed batch knows when each of its samples will finish; it files them here
 instead of one simulation event per sample. Every filing is a set of "parts" (one per decode plan:
-a whole fleet of engines planning together files one part each in one call), and a part is cut
+a whole fleet of engines laying out together files one part each in one call), and a part is cut
 back when its decode plan is interrupted: only its first `keep` completions happen.
 
 All undelivered completions live in one unsorted pool: a filing is appended (no sort, no merge),

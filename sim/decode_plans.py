@@ -4,7 +4,7 @@ An engine's running batch only changes at completions (and KV preemption), so un
 future is arithmetic: with the samples sorted by the iteration at which they finish, jump j runs
 b_j samples from one finishing point to the next, k_j iterations from total context s_j, and takes
 DecodeTable.total(b_j, s_j, k_j) seconds. `decode_plans_of` lays out those jumps for every engine that
-asks in the same instant as one set of numpy arrays (engines that load new weights together plan
+asks in the same instant as one set of numpy arrays (engines that load new weights together lay out
 together), cut where an engine's KV cache would overflow or where it has a decision to take.
 """
 
@@ -20,8 +20,8 @@ from sim.kernels.decode_plans import engine_keys, first_jump, plan_sorted
 
 @dataclass(slots=True)
 class Batch:
-    """Running samples. While a plan runs they are sorted by (finish, sid), so completions always
-    leave from the front; samples joining are appended, and the next plan sorts them."""
+    """Running samples. While a decode plan runs they are sorted by (finish, sid), so completions always
+    leave from the front; samples joining are appended, and the next decode plan sorts them."""
 
     sid: np.ndarray
     finish: np.ndarray  # engine progress (iterations) at which it has generated its whole response
@@ -63,7 +63,7 @@ class DecodePlan:
 
 @dataclass(slots=True)
 class DecodeRequest:
-    """One engine's batch and state when it plans (see Engine._prepare)."""
+    """One engine's batch and state when it lays out its decode plan (see sim.segment.prepare)."""
 
     batch: Batch
     progress: int
@@ -72,12 +72,12 @@ class DecodeRequest:
     kv_tokens: float
     decode: DecodeTable
     stop_at_completion: bool  # it has a decision to take at its first completion
-    new: Batch | None = None  # samples joining the batch (kept apart: the plan sorts them in)
+    new: Batch | None = None  # samples joining the batch (kept apart: the decode plan sorts them in)
 
 
 @dataclass(slots=True)
 class FlatDecodePlans:
-    """The plans of many engines as one set of arrays (engine e owns rows[e]:rows[e+1] of the
+    """The decode plans of many engines as one set of arrays (engine e owns rows[e]:rows[e+1] of the
     running samples, sorted by (finish, sid), and jumps[e]:jumps[e+1] of the jumps)."""
 
     rows: np.ndarray  # [E+1]
@@ -95,7 +95,7 @@ class FlatDecodePlans:
     cum: np.ndarray  # samples completed by jumps 0..j, counted across engines
     offsets: np.ndarray  # [E]: cum before each engine's first jump
     k_through: np.ndarray
-    n_done: np.ndarray  # [E]: samples each engine's plan completes (its first rows)
+    n_done: np.ndarray  # [E]: samples each engine's decode plan completes (its first rows)
     order: np.ndarray  # rows[r] is input sample order[r]
 
     def of_engine(self, e: int, t0: float) -> DecodePlan:
@@ -139,9 +139,9 @@ def flat_decode_plans(eng: np.ndarray, sid: np.ndarray, fin: np.ndarray, joined:
 
     Engine e runs the samples with eng == e (in any order), decoding on table[e] of the stack. An
     engine whose first jump would overflow its cache runs that jump alone, up to the overflow (the
-    newest samples are preempted then); with `stop[e]` a plan ends at its first completion.
+    newest samples are preempted then); with `stop[e]` a decode plan ends at its first completion.
     Engines without samples get no jumps. Bit for bit what jumping one completion at a time gives:
-    the same sums, in order (sim.kernels.plan_sorted).
+    the same sums, in order (sim.kernels.decode_plans.plan_sorted).
     """
     eng = np.asarray(eng, np.int64)
     order = _by_engine(eng, fin, sid, progress)
@@ -152,7 +152,7 @@ def flat_decode_plans(eng: np.ndarray, sid: np.ndarray, fin: np.ndarray, joined:
 def first_jump_plan(r: DecodeRequest, exit_tokens: np.ndarray) -> DecodePlan:
     """`decode_plans_of` for one engine that stops at its first completion (it has decisions to take at
     every completion: samples wait for KV room, or new requests may come): one jump, compiled
-    (sim.kernels.first_jump). The same arithmetic as `decode_plans_of`, so the same bits."""
+    (sim.kernels.decode_plans.first_jump). The same arithmetic as `decode_plans_of`, so the same bits."""
     d = r.decode
     sid, finish, joined, b, k, n, end, after = first_jump(
         r.batch.sid, r.batch.finish, r.batch.joined, r.progress, float(r.context), float(r.kv_tokens), exit_tokens,
@@ -165,7 +165,7 @@ def first_jump_plan(r: DecodeRequest, exit_tokens: np.ndarray) -> DecodePlan:
 
 @dataclass(slots=True)
 class DecodeCut:
-    """Where an interrupted plan stops: after its first `jumps` jumps, then `iterations` of the next,
+    """Where an interrupted decode plan stops: after its first `jumps` jumps, then `iterations` of the next,
     which ends `rest` seconds from now."""
 
     jumps: int

@@ -237,7 +237,7 @@ class Engine:
             sg.plan.part = self.controller.file(np.repeat(sg.plan.ends, sg.plan.done) + self.reward_seconds,
                                                 sg.plan.batch.sid[:n])
         if sg.quiet and sg.plan is not None:
-            # its prefills need no events of their own: they happen inside the plan's one wait, and
+            # its prefills need no events of their own: they happen inside the decode plan's one wait, and
             # are recorded as time passes them (`catch_up`)
             self._phases = sg
             yield from self._decode(sg.plan)

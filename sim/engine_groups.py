@@ -33,10 +33,10 @@ class Parked:
     engines: np.ndarray  # fleet index of each
     alive: np.ndarray  # still parked here (an engine that leaves does not come back to this one)
     version: np.ndarray
-    progress: np.ndarray  # decode iterations when the plan starts
+    progress: np.ndarray  # decode iterations when the decode plan starts
     context_pre: np.ndarray  # KV context before the admission
-    context: np.ndarray  # and after it (the plan's)
-    seg_start: np.ndarray  # when the engine planned
+    context: np.ndarray  # and after it (the decode plan's)
+    seg_start: np.ndarray  # when the engine decided (sim.segment)
     reprefill_end: np.ndarray  # nan: no re-prefill
     prefill_end: np.ndarray  # nan: nothing admitted
     n_pre: np.ndarray  # samples running before the admission
@@ -44,7 +44,7 @@ class Parked:
     phases_open: np.ndarray  # its prefills are not recorded yet
     is_new: np.ndarray  # per row of the plan: admitted at this instant
     rest: np.ndarray  # samples left in the inbox (no room for them)
-    idle_end: np.ndarray  # its plan drains the batch and nothing waits: the engine is idle after it
+    idle_end: np.ndarray  # its decode plan drains the batch and nothing waits: the engine is idle after it
     plans: FlatDecodePlans
     t0: np.ndarray  # decode starts (after the prefills)
     first_part: int  # the completions of engine i are part first_part + i of the controller's index

@@ -68,14 +68,14 @@ class Parking:
             else:
                 rest.append((e, rp, event))
         parts = [self._rows_of(own)] if own else []
-        for i in own:  # their inbox is in the arrays now (those that plan alone get theirs back)
+        for i in own:  # their inbox is in the arrays now (those that decide alone get theirs back)
             self.engines[i].inbox = EMPTY
         idx_parts = [np.array(own, np.int64)]
         reprefill_parts = [np.array(own_reprefill, bool)]
         free_parts = [np.ones(len(own), bool)]  # no update pending, nothing preempted waiting
         offset = len(own)
         for g in groups:
-            # they come back from the arrays (those that plan alone get their state back below).
+            # they come back from the arrays (those that decide alone get their state back below).
             # Nothing was preempted waiting on them when they parked, and nothing can have joined
             # their queues since (their process slept; the router sends them work as arrays): an
             # update that came in meanwhile is all that can keep them from parking again
@@ -93,7 +93,7 @@ class Parking:
         owner, sid, fin, joined, progress, context, version, in_owner, in_sid = (
             np.concatenate(c) for c in zip(*parts, strict=True))
         ok, take = self._admissible(idx, owner, context, free if quiet else False, in_owner, in_sid)
-        if not ok.all():  # those engines plan one by one, from their own state
+        if not ok.all():  # those engines decide one by one, from their own state
             for i in np.flatnonzero(~ok).tolist():
                 e = self.engines[idx[i]]
                 e.progress, e.context = int(progress[i]), float(context[i])
@@ -112,7 +112,7 @@ class Parking:
         return rest
 
     def _rows_of(self, idx: list[int]) -> tuple[np.ndarray, ...]:
-        """The state of engines planning on their own, as the arrays a Loading holds."""
+        """The state of engines deciding on their own, as the arrays a Loading holds."""
         engines = [self.engines[i] for i in idx]
         owner = np.repeat(np.arange(len(engines)), [len(e.batch) for e in engines])
         cat = [np.concatenate([getattr(e.batch, f) for e in engines]) for f in ("sid", "finish", "joined")]
@@ -134,7 +134,7 @@ class Parking:
     def _park(self, idx: np.ndarray, owner: np.ndarray, sid: np.ndarray, fin: np.ndarray, joined: np.ndarray,
               progress: np.ndarray, context: np.ndarray, version: np.ndarray, reprefill: np.ndarray,
               in_owner: np.ndarray, in_sid: np.ndarray, take: np.ndarray) -> None:
-        """Prepare (re-prefill, admit the inbox's head, prefill) and plan these engines at once, file
+        """Prepare (re-prefill, admit the inbox's head, prefill) and lay out these engines' decode plans at once, file
         their completions, and park them until the next push or until one needs to decide."""
         now, s = self.env.now, self.samples
         n = len(idx)
@@ -177,7 +177,7 @@ class Parking:
 
     def unpark(self, e: Engine, resume: Resume | None = None) -> None:
         """Hand a parked engine back to its process, in the state the per-engine path would have it
-        in now (its plan in progress, its prefills' records caught up), and resume it."""
+        in now (its decode plan in progress, its prefills' records caught up), and resume it."""
         p, i = self.table.held(e.index, PARKED), int(self.table.slot[e.index])
         assert isinstance(p, Parked)
         p.alive[i] = False
@@ -204,7 +204,7 @@ class Parking:
                                inbox)
         else:
             e.restore_decoding(progress, version, plan, plan.batch, float(p.context[i]), None, e.inbox)
-        if resume is None:  # interrupted (Engine._interrupt's rules)
+        if resume is None:  # interrupted (the rules of Engine's interrupt)
             if self.env.now < plan.ends[-1]:
                 e.mark_interrupted()
                 resume = Resume.INTERRUPT
@@ -238,7 +238,7 @@ class Parking:
     def _commit_stop(self, p: Parked, stop: np.ndarray, jcount: np.ndarray, cutting: np.ndarray, at: np.ndarray,
                      start: np.ndarray, b: np.ndarray, d: np.ndarray, stop_at: np.ndarray, finishing: np.ndarray
                      ) -> Loading:
-        """What Engine._cut (or _commit at the decode plan's end) does, for the engines in `stop`."""
+        """What an engine's cut (or its commit at the decode plan's end) does, for the engines in `stop`."""
         now, flat, s, rec = self.env.now, p.plans, self.samples, self.rec
         n = len(p.engines)
         self._record_phases(p, stop, now)

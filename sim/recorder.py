@@ -1,6 +1,6 @@
 """What the simulation saw: timeline intervals and time series.
 
-Intervals come one at a time (`interval`) or, from a planned run of decode jumps, as arrays
+Intervals come one at a time (`interval`) or, from a laid-out run of decode jumps, as arrays
 (`intervals`); the timeline is put together, in order of end time, only when someone asks.
 """
 

@@ -20,7 +20,7 @@ def _bit_length(x: int) -> int:
 
 @njit(cache=True)
 def engine_keys(eng: np.ndarray, fin: np.ndarray, sid: np.ndarray, progress: np.ndarray) -> tuple[np.ndarray, int]:
-    """Sort keys for sim.planning.plan_flat's order by (engine, finish, sid): per row the three
+    """Sort keys for sim.decode_plans.flat_decode_plans's order by (engine, finish, sid): per row the three
     packed in one integer (finish relative to its engine's progress), with the row's index in the
     low `bits` bits. Keys are distinct (sample ids are), so any sort of them gives that order and
     carries the permutation. bits = -1: they do not fit in 63 bits (the caller lexsorts)."""
@@ -47,13 +47,13 @@ def plan_sorted(order: np.ndarray, eng: np.ndarray, sid: np.ndarray, fin: np.nda
                 exit_tokens: np.ndarray, progress: np.ndarray, context: np.ndarray, kv: np.ndarray, stop: np.ndarray,
                 t0: np.ndarray, base: np.ndarray, slope: np.ndarray, ds: np.ndarray, table: np.ndarray
                 ) -> tuple[np.ndarray, ...]:
-    """sim.planning.plan_flat once its rows' order by (engine, finish, sid) is known: the rows in
+    """sim.decode_plans.flat_decode_plans once its rows' order by (engine, finish, sid) is known: the rows in
     that order, and each engine's jumps, one per distinct finishing point, b running for k
     iterations from total context s, kept while the KV cache holds (only the first when the engine
     stops at its first completion; a first jump that overflows runs alone up to the overflow).
     Each jump's seconds are `jump_total` on its engine's table (base[t], slope[t], ds[t] with
     t = table[engine]), and its clock a sequential sum from the engine's t0, as chained timeouts
-    would give. Returns the fields of sim.planning.FlatPlans, in its order, but `order`."""
+    would give. Returns the fields of sim.decode_plans.FlatDecodePlans, in its order, but `order`."""
     n_rows, n_eng = len(order), len(progress)
     rows = bounds_by_owner(eng, n_eng)
     o_sid, o_fin, o_joined = np.empty(n_rows, np.int64), np.empty(n_rows, np.int64), np.empty(n_rows, np.int64)
@@ -119,7 +119,7 @@ def plan_sorted(order: np.ndarray, eng: np.ndarray, sid: np.ndarray, fin: np.nda
 def first_jump(sid: np.ndarray, finish: np.ndarray, joined: np.ndarray, progress: int, context: float, kv: float,
                exit_tokens: np.ndarray, base: np.ndarray, slope: np.ndarray, ds: float, t0: float
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int, float, float]:
-    """sim.planning.plan_first_jump: one engine's batch sorted by (finish, sid) (an insertion sort:
+    """sim.decode_plans.first_jump_plan: one engine's batch sorted by (finish, sid) (an insertion sort:
     a running batch is sorted but for the samples just joined), and its jump to the first
     completion, cut where the KV cache would overflow: (sorted sid, finish, joined; b, k,
     completions, end, KV context after it)."""

@@ -11,7 +11,7 @@ from numba import njit
 
 @njit(cache=True)
 def jump_total(base: np.ndarray, slope: np.ndarray, ds: float, b: int, s0: float, k: int) -> float:
-    """sim.costs.DecodeTable.total on the table's arrays: sum_{j<k} t(b, s0 + b j), cell by cell
+    """sim.decode_tables.DecodeTable.total on the table's arrays: sum_{j<k} t(b, s0 + b j), cell by cell
     of the context grid (linear within a cell: an arithmetic series)."""
     if k <= 0:
         return 0.0
@@ -93,8 +93,8 @@ def stop_one(base: np.ndarray, slope: np.ndarray, ds: float, b: int, s0: float, 
 @njit(cache=True)
 def stop_after(base: np.ndarray, slope: np.ndarray, ds: np.ndarray, table: np.ndarray, b: np.ndarray, s0: np.ndarray,
                k: np.ndarray, elapsed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """sim.costs.DecodeTable.stop_after (`stop_one` of every jump). Jump i's table is t = table[i]
-    of a stack (base[t], slope[t], ds[t]; sim.costs.DecodeStack)."""
+    """sim.decode_tables.DecodeTable.stop_after (`stop_one` of every jump). Jump i's table is t = table[i]
+    of a stack (base[t], slope[t], ds[t]; sim.decode_tables.DecodeStack)."""
     n = len(k)
     done, rest = np.empty(n, np.int64), np.empty(n)
     for i in range(n):

@@ -16,8 +16,8 @@ def stop_parked(jumps: np.ndarray, ends: np.ndarray, b: np.ndarray, s: np.ndarra
                 kv: np.ndarray, table: np.ndarray, base: np.ndarray, slope: np.ndarray, ds: np.ndarray, now: float,
                 ready_at: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                                           np.ndarray, np.ndarray, np.ndarray]:
-    """sim.engine.Fleet._stop's decision for the engines of one sim.bulk.Parked at a push: which
-    stop now (`ok`: parked, decoding, nothing left in the inbox; an ended plan only if the engine
+    """sim.parking.Parking's stop decision for the engines of one sim.engine_groups.Parked at a push: which
+    stop now (`ok`: parked, decoding, nothing left in the inbox; an ended decode plan only if the engine
     is idle after it, one in progress only if interruptible, the iteration in progress ends
     before the weights are in, and it does not overflow the cache), and after how many whole
     jumps (`jcount`). For those cutting a jump: the engine, the jump, when it started, b running,
@@ -61,12 +61,12 @@ def stop_rows(chosen: np.ndarray, jcount: np.ndarray, progress0: np.ndarray, con
               finishing: np.ndarray, engines: np.ndarray, version: np.ndarray, starts: np.ndarray, ends: np.ndarray,
               b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                                       np.ndarray, np.ndarray, np.ndarray]:
-    """sim.engine.Fleet._commit_stop's bookkeeping for parked engines stopped at a push (chosen),
+    """sim.parking.Parking's stop bookkeeping for parked engines stopped at a push (chosen),
     each after its first jcount jumps and, where it was cutting a jump, cut_d more iterations of
     it (cut_b running; finishing: the jump's completions when those iterations end it, else 0).
 
     Returns per engine its progress, KV context and the samples its ended jumps completed; per
-    row of the plan its fate: 0 it decodes on after the load (or its engine did not stop), 1
+    row of the decode plans its fate: 0 it decodes on after the load (or its engine did not stop), 1
     completed by an ended jump, 2 completed by the iteration in progress (in at that iteration's
     end, which frees its KV); and the ended jumps for the timeline (fleet index of the engine,
     start, end, the engine's version, samples running). Completed rows are a prefix of each
@@ -112,7 +112,7 @@ def admit_rows(owner: np.ndarray, sid: np.ndarray, fin: np.ndarray, joined: np.n
                in_sid: np.ndarray, take: np.ndarray, progress: np.ndarray, prompt: np.ndarray, response: np.ndarray,
                n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                                 np.ndarray, np.ndarray]:
-    """sim.engine.Fleet._park's admission for n engines: the running rows (owner, sid, fin, joined)
+    """sim.parking.Parking's admission for n engines: the running rows (owner, sid, fin, joined)
     and, after them, the inbox entries taken (joining at the engine's progress). Returns per engine
     the samples running, admitted and left in the inbox, and the prompt tokens admitted; and the
     rows (owner, sid, finish, joined) with a flag for the admitted ones."""
@@ -146,7 +146,7 @@ def admit_rows(owner: np.ndarray, sid: np.ndarray, fin: np.ndarray, joined: np.n
 @njit(cache=True)
 def admissible(free: np.ndarray, owner: np.ndarray, context: np.ndarray, in_owner: np.ndarray, in_sid: np.ndarray,
                max_batch: np.ndarray, room: np.ndarray, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """sim.engine.Fleet._admissible: which engines (free ones, running rows `owner`) admit the head
+    """sim.parking.Parking's admission check: which engines (free ones, running rows `owner`) admit the head
     of their inbox (in_owner grouped by engine, in order) whole, and which entries those heads are.
     The head is what the batch has slots for; each must fit in the KV cache's room on top of the
     engine's context, except the first of an empty engine, which is always taken."""
@@ -173,7 +173,7 @@ def split_stopped(chosen: np.ndarray, fate: np.ndarray, n_done: np.ndarray, rows
                              np.ndarray, np.ndarray, np.ndarray]:
     """The rows of engines stopped at a push (`stop_rows`' fates), split: the completed ones' tokens
     to credit (sample, engine's version, tokens since it joined); those completed by the iteration
-    in progress (engine, rank among what its plan completes); and those that decode on, with their
+    in progress (engine, rank among what its decode plan completes); and those that decode on, with their
     engine renumbered among the stopped ones, and how many each keeps."""
     n = len(chosen)
     n_gone = n_late = n_stay = 0
@@ -214,7 +214,7 @@ def split_stopped(chosen: np.ndarray, fate: np.ndarray, n_done: np.ndarray, rows
 @njit(cache=True)
 def reload_rows(owner: np.ndarray, sid: np.ndarray, joined: np.ndarray, progress: np.ndarray, version: np.ndarray,
                 generated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """sim.engine.Fleet._load_group's pass over the running rows of engines that load new weights:
+    """sim.parking.Parking.load_group's pass over the running rows of engines that load new weights:
     each sample's tokens since it joined were made by its engine's old version (returned, with
     that version, for Samples.credit), count as generated (their KV is recomputed), and it joins
     again at its engine's progress (`joined` updated in place, as `generated`)."""
@@ -234,7 +234,7 @@ def phases_done(which: np.ndarray, phases_open: np.ndarray, t0: np.ndarray, repr
                 n_pre: np.ndarray, n_new: np.ndarray, now: float, final: bool
                 ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
                            tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """sim.engine.Fleet._record_phases for parked engines `which` (local indices): the re-prefills,
+    """sim.parking.Parking's record of the phases for parked engines `which` (local indices): the re-prefills,
     then the prefills, that have ended by `now` among engines whose phases are still open and that
     decode by now (or all of them, `final`), as timeline rows (fleet index, start, end, version,
     samples); an engine with nothing left to end is closed (phases_open updated in place)."""

@@ -30,7 +30,7 @@ def file_entries(times_buf: np.ndarray, sid_buf: np.ndarray, version_buf: np.nda
 def file_plan_rows(times_buf: np.ndarray, sid_buf: np.ndarray, version_buf: np.ndarray, part_buf: np.ndarray,
                rank_buf: np.ndarray, at: int, rows: np.ndarray, jumps: np.ndarray, done: np.ndarray, ends: np.ndarray,
                sid: np.ndarray, reward: np.ndarray, start_version: np.ndarray, first_part: int) -> float:
-    """`file_entries` for what n engines' plans complete (sim.decode_plans.FlatDecodePlans: engine e's first
+    """`file_entries` for what n engines' decode plans complete (sim.decode_plans.FlatDecodePlans: engine e's first
     rows, in jump order, each at its jump's end plus the engine's reward latency), as part
     first_part + e, ranked in order. Returns the earliest time filed."""
     earliest = np.inf

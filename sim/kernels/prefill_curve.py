@@ -10,7 +10,7 @@ from numba import njit
 
 @njit(cache=True)
 def prefill_one(log_tokens: np.ndarray, log_seconds: np.ndarray, tokens: float) -> float:
-    """sim.costs.PrefillCurve: seconds to prefill `tokens`, interpolated on the log-log grid
+    """sim.decode_tables.PrefillCurve: seconds to prefill `tokens`, interpolated on the log-log grid
     (np.interp's formula, numpy's compiled_base.c, flat beyond the ends)."""
     if tokens <= 0:
         return 0.0
