@@ -440,7 +440,8 @@ def test_stacked_tables_answer_as_each_table_does() -> None:
     fin = rng.integers(1, 400, len(eng))
     exit_tokens = rng.integers(100, 500, len(eng))
     flat = flat_decode_plans(eng, np.arange(len(eng)), fin, np.zeros(len(eng), np.int64), np.zeros(4, np.int64),
-                             np.full(4, 3000.0), np.zeros(4), np.full(4, 1e9), np.zeros(4, bool), stack, table, exit_tokens)
+                             np.full(4, 3000.0), np.zeros(4), np.full(4, 1e9), np.zeros(4, bool), stack, table,
+                             exit_tokens)
     for e, one in enumerate((big, small, big, small)):
         lo, hi = flat.jumps[e], flat.jumps[e + 1]
         clock = 0.0

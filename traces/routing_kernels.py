@@ -9,7 +9,7 @@ from numba import njit
 @njit(cache=True)
 def route_few(n: int, accepting: np.ndarray, loads: np.ndarray, caps: np.ndarray, keys: np.ndarray,
               row: np.ndarray, few: int) -> tuple[np.ndarray, bool]:
-    """sim.controller.water_fill when at most `few` samples can be placed (a completion freed a slot
+    """traces.routing.water_fill when at most `few` samples can be placed (a completion freed a slot
     or two): each in turn to the accepting engine with the smallest (keys[row[e], load + 1], e)
     that has room, as the one-at-a-time heap would (keys rising with load). Returns the engines
     and True; or nothing and False when more than `few` would be placed (the caller water-fills)."""
@@ -50,7 +50,7 @@ def _slots_below(v: int, loads: np.ndarray, caps: np.ndarray, row: np.ndarray, b
 @njit(cache=True)
 def water_fill_kernel(n: int, loads: np.ndarray, caps: np.ndarray, row: np.ndarray, n_values: int,
                       rank: np.ndarray, below: np.ndarray) -> np.ndarray:
-    """sim.controller.water_fill on its key table (sim.controller.key_table: n_values distinct
+    """traces.routing.water_fill on its key table (traces.routing.key_table: n_values distinct
     finite keys, each slot key's rank among them, `below`): a bisection for the smallest key value
     whose slots cover n, then those slots by (key, engine, load), a counting sort on the key's
     rank over slots laid out by (engine, load)."""
