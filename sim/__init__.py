@@ -1,4 +1,4 @@
-"""sim: a simpy discrete-event simulation of one plan running an RL job."""
+"""sim: a simpy discrete-event simulation of one deployment plan running an RL job."""
 
 from sim.result import SimResult
 from sim.simulate import check_plan, simulate

@@ -1,5 +1,5 @@
-"""Timeouts to an absolute time, so that a jump planned as a running sum ends exactly where a chain of
-consecutive timeouts would (simpy adds each delay to `now`: the planned sum must see the same roundings)."""
+"""Timeouts to an absolute time, so that a decode jump laid out as a running sum ends exactly where a chain of
+consecutive timeouts would (simpy adds each delay to `now`: the laid-out sum must see the same roundings)."""
 
 from __future__ import annotations
 

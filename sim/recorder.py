@@ -1,6 +1,6 @@
 """What the simulation saw: timeline intervals and time series.
 
-Intervals come one at a time (`interval`) or, from a planned run of decode jumps, as arrays
+Intervals come one at a time (`interval`) or, from a laid-out run of decode jumps, as arrays
 (`intervals`); the timeline is put together, in order of end time, only when someone asks.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.kernels import add_busy
+from sim.kernels.tallies import add_busy
 from traces import SpecError
 
 MAX_EVENTS = 20_000_000  # a bound on any one simulation, so bad input cannot hang it

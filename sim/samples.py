@@ -11,7 +11,7 @@ from collections import Counter
 
 import numpy as np
 
-from sim.kernels import tally_lags
+from sim.kernels.tallies import tally_lags
 
 
 class Samples:

@@ -1,4 +1,4 @@
-"""Wire one plan into a simpy environment and run it for a number of trainer steps."""
+"""Wire one deployment plan into a simpy environment and run it for a number of trainer steps."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import simpy
 
 from sim import reference as ref
 from sim.controller import Controller
-from sim.costs import DecodeTable, PrefillCurve
-from sim.engine import Engine, Fleet
+from sim.decode_tables import DecodeTable, PrefillCurve
+from sim.engine import Engine
+from sim.fleet import Fleet
 from sim.recorder import Recorder
 from sim.result import SimResult
 from sim.samples import Samples
@@ -209,10 +210,10 @@ def _sample_queue(env: simpy.Environment, ctl: Controller | ref.Controller, engi
     period = 1.0
     while True:
         if isinstance(ctl, Controller):
-            ctl.deliver()  # completions planned until now
+            ctl.deliver()  # completions filed until now
         waiting = sum(e.queued() for e in engines)
-        in_flight = sum(ctl.in_flight.values())
-        rec.queue.append((env.now, waiting, in_flight, ctl.buffered))
+        in_flight = sum(ctl.ledger.in_flight.values())
+        rec.queue.append((env.now, waiting, in_flight, ctl.ledger.buffered))
         yield env.timeout(period)
         period = max(1.0, env.now / 200)  # about 200 points per run whatever its length
 
@@ -249,8 +250,8 @@ def _result(
         cost_per_hour=price,
         trained_samples=len(trained),
         trained_ids=trained,
-        admitted=ctl.admitted,
-        in_flight=sum(ctl.in_flight.values()) + ctl.buffered,
+        admitted=ctl.ledger.admitted,
+        in_flight=sum(ctl.ledger.in_flight.values()) + ctl.ledger.buffered,
         events=rec.events,
         sim_seconds=end,
         mode=plan.mode,

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim import simulate
-from sim.costs import DecodeTable
+from sim.decode_tables import DecodeTable
 from traces import Cluster, CostModel, Plan, RolloutGroup, SpecError, TrainerGroup, example_cluster, get_model
 from traces.workload import LengthDist, Workload
 
@@ -224,8 +224,8 @@ def test_queue_and_timeline_shapes() -> None:
 def test_routing_a_few_samples_matches_the_water_fill(seed: int) -> None:
     """route_few (a completion frees a slot: one argmin per sample) and water_fill (a bisection on
     the key) both give the one-at-a-time heap's choice, ties to the lowest engine included."""
-    from sim.controller import FEW, Controller, water_fill
-    from sim.kernels import route_few
+    from traces.routing import FEW, route_one_by_one, water_fill
+    from traces.routing_kernels import route_few
 
     rng = np.random.default_rng(seed)
     for _ in range(200):
@@ -239,7 +239,7 @@ def test_routing_a_few_samples_matches_the_water_fill(seed: int) -> None:
         keep = np.flatnonzero(accepting)
         for n in (*range(1, FEW + 1), 7, 50):  # 50: more than there are slots
             want = keep[water_fill(n, loads[keep], caps[keep], keys, rows[keep])] if len(keep) else keep
-            heap = Controller._route_one_by_one(n, keep, loads[keep], caps[keep], keys[rows[keep]])
+            heap = route_one_by_one(n, keep, loads[keep], caps[keep], keys[rows[keep]])
             assert want.tolist() == heap.tolist()
             if n > FEW:
                 continue
@@ -331,16 +331,16 @@ def test_preempted_samples_generate_their_whole_response() -> None:
 
 @pytest.mark.parametrize("interruptible", [True, False])
 def test_parked_engines_change_nothing(monkeypatch: pytest.MonkeyPatch, interruptible: bool) -> None:
-    """Engines moved through the step cycle as arrays (sim.bulk) give the run the per-engine path
+    """Engines moved through the step cycle as arrays (sim.parking) give the run the per-engine path
     gives, to the last bit, on a mixed fleet with KV preemption in play."""
-    from sim.engine import Fleet
+    from sim.parking import Parking
 
     plan = Plan(mode="async", staleness=2, trainer=TrainerGroup(gpu_type="H800", dp=8),
                 rollout=(RolloutGroup(gpu_type="H20", instances=4), RolloutGroup(gpu_type="L40S", instances=4)))
     w = _workload(LONGTAIL, eta=2, interruptible=interruptible, prompts=96, model="qwen2.5-7b")
     parked = simulate(CLUSTER, w, plan, CM, steps=6, seed=5)
     assert any(c[2] == "weight_load" for c in parked.recorder.fleet_chunks)  # the array path ran
-    monkeypatch.setattr(Fleet, "_park_all", lambda self, asking, groups: asking)
+    monkeypatch.setattr(Parking, "park_all", lambda self, asking, groups: asking)
     alone = simulate(CLUSTER, w, plan, CM, steps=6, seed=5)
     assert not alone.recorder.fleet_chunks
     a, b = parked.summary(), alone.summary()
@@ -367,7 +367,7 @@ def _jumps(table: DecodeTable, seed: int, n: int = 3000) -> tuple[np.ndarray, ..
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_decode_sums_are_the_sums_of_their_iterations(seed: int) -> None:
-    """DecodeTable.totals (closed-form arithmetic series per grid cell, sim.kernels) equals adding
+    """DecodeTable.totals (closed-form arithmetic series per grid cell, sim.kernels.decode_sums) equals adding
     up every iteration's time, each interpolated on the table on its own; and `total` agrees."""
     table = _decode_table()
     b, s0, k = _jumps(table, seed, n=600)
@@ -383,8 +383,8 @@ def test_decode_sums_are_the_sums_of_their_iterations(seed: int) -> None:
 
 
 def test_prefill_curve_interpolates_log_log() -> None:
-    """PrefillCurve (sim.kernels.prefill_one/many): exp of np.interp on the log grid, flat beyond it."""
-    from sim.costs import PrefillCurve
+    """PrefillCurve (sim.kernels.prefill_curve): exp of np.interp on the log grid, flat beyond it."""
+    from sim.decode_tables import PrefillCurve
 
     curve = PrefillCurve.build(CM, CLUSTER.gpu("H20"), get_model("qwen2.5-7b"), 1, 50_000.0, 300.0)
     tokens = np.concatenate(([0.0, -3.0, 0.5, 1.0], np.geomspace(1, 2e5, 500), [50_000.0]))
@@ -424,8 +424,8 @@ def test_cut_solves_for_the_iteration_in_progress_as_the_bisection_does(seed: in
 def test_stacked_tables_answer_as_each_table_does() -> None:
     """A mixed fleet's decode tables stacked (DecodeStack, rows padded to the largest batch): each
     jump's cut and the plan's clock on its own engine's table, bit for bit as that table alone."""
-    from sim.costs import stack_of
-    from sim.planning import plan_flat
+    from sim.decode_plans import flat_decode_plans
+    from sim.decode_tables import stack_of
 
     small = DecodeTable.build(CM, CLUSTER.gpu("L40S"), get_model("qwen2.5-7b"), 1, 24, 30_000.0)
     big = _decode_table()
@@ -445,8 +445,9 @@ def test_stacked_tables_answer_as_each_table_does() -> None:
     eng = np.repeat(np.arange(4), 12)
     fin = rng.integers(1, 400, len(eng))
     exit_tokens = rng.integers(100, 500, len(eng))
-    flat = plan_flat(eng, np.arange(len(eng)), fin, np.zeros(len(eng), np.int64), np.zeros(4, np.int64),
-                     np.full(4, 3000.0), np.zeros(4), np.full(4, 1e9), np.zeros(4, bool), stack, table, exit_tokens)
+    flat = flat_decode_plans(eng, np.arange(len(eng)), fin, np.zeros(len(eng), np.int64), np.zeros(4, np.int64),
+                             np.full(4, 3000.0), np.zeros(4), np.full(4, 1e9), np.zeros(4, bool), stack, table,
+                             exit_tokens)
     for e, one in enumerate((big, small, big, small)):
         lo, hi = flat.jumps[e], flat.jumps[e + 1]
         clock = 0.0
@@ -471,11 +472,11 @@ def test_mixed_fleet_fast_path_matches_token_level() -> None:
 def test_pending_pool_answers_as_a_sorted_index_would() -> None:
     """Completions filed unsorted, cut and delivered: due() hands out exactly those at or before now,
     and kth_time is the n-th completion time of the live ones (by start version)."""
-    from sim.pending import Pending
+    from sim.completion_pool import CompletionPool
 
     rng = np.random.default_rng(3)
     start_version = np.zeros(1000, np.int64)
-    pending, live = Pending(start_version), {}  # sid -> (time, version) of what should still be in
+    pending, live = CompletionPool(start_version), {}  # sid -> (time, version) of what should still be in
     sid = 0
     for _ in range(30):
         n_parts = int(rng.integers(1, 6))
@@ -486,7 +487,7 @@ def test_pending_pool_answers_as_a_sorted_index_would() -> None:
         sids, versions = np.arange(sid, sid + len(owner)), rng.integers(0, 4, len(owner))
         sid += len(owner)
         start_version[sids] = versions
-        first = pending.add_parts(times, sids, owner, ranks, n_parts)
+        first = pending.file_parts(times, sids, owner, ranks, n_parts)
         live.update({int(s): (float(t), int(v)) for s, t, v in zip(sids, times, versions, strict=True)})
         keep = rng.integers(0, 9, n_parts)  # cut some parts back
         pending.cut_parts(first + np.arange(n_parts), keep)

@@ -1,83 +1,85 @@
-"""The per-sample controller of the token-level reference: the same rules as sim.controller
-(the staleness rule from traces.staleness; routing one sample at a time to the engine whose next
-decode iteration would be shortest), kept simple so the fast path has an independent check."""
+"""The per-sample controller of the token-level reference: the same rules as sim.controller (the
+capacity ledger of traces.capacity, the routing policy of traces.routing), with one object per
+sample and every completion delivered as it happens, so the fast path has an independent check."""
 
 from __future__ import annotations
 
-import heapq
+import itertools
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Protocol
 
 import numpy as np
 import simpy
 
-from sim.controller import ControllerBase
 from sim.recorder import Recorder
 from sim.reference.sample import Sample
-from traces.staleness import allowance, batch_levels, batch_ready, shortfalls
+from traces.capacity import CapacityLedger
+from traces.routing import Router, deal
 
 
 class Worker(Protocol):
     """What the router needs to know of a rollout engine."""
 
+    mean_iteration_s: tuple[float, ...]  # [b]: one iteration of b mean-length samples (the routing key)
+    max_batch: int
+
     def accepting(self, version: int) -> bool: ...
     def load(self) -> int: ...
-    def capacity(self) -> int: ...
-    def iteration_seconds(self, batch: int) -> float: ...
     def assign(self, samples: list[Sample]) -> None: ...
 
 
-class Controller(ControllerBase):
+class Controller:
     def __init__(self, env: simpy.Environment, batch: int, eta: int, prompts: np.ndarray, responses: np.ndarray
                  ) -> None:
-        super().__init__(env, batch, eta)
+        self.env = env
         self._prompts: list[int] = prompts.tolist()  # plain ints: indexing numpy per sample is slow
         self._responses: list[int] = responses.tolist()
-        self.buffer: dict[int, list[Sample]] = {}  # start version -> completed samples, not yet trained
-        self.buffered = 0
+        self.ledger: CapacityLedger[list[Sample]] = CapacityLedger(batch, eta, len(self._prompts))
         self.engines: list[Worker] = []
         self.on_buffer: Callable[[], None] = lambda: None  # the trainer's wake-up
+        self._router: Router | None = None  # made at the first routing, once every engine is known
+        self._dispatch_pending = False
         # while the trainer waits for step `_watch_step`: start version L -> how many more samples of
         # versions <= L must be buffered before that step is ready (see `watch`)
         self._watch_step: int | None = None
         self._short: dict[int, int] = {}
 
-    def allowance(self) -> int:
-        return min(allowance(self.eta, self.version, self.batch, self.admitted), len(self._prompts) - self.admitted)
+    def request_dispatch(self) -> None:
+        """Route at the end of this instant, once every engine whose state changes now has changed."""
+        if not self._dispatch_pending and self.ledger.allowance() > 0:
+            self._dispatch_pending = True
+            self.env.timeout(0).callbacks.append(self._dispatch)
+
+    def _dispatch(self, _event: simpy.Event) -> None:
+        self._dispatch_pending = False
+        self.dispatch()
 
     def dispatch(self) -> None:
-        """Admit what the capacity rule allows and route each sample to the least-loaded engine."""
-        n = self.allowance()
+        """Admit what the capacity rule allows and route each sample by the routing policy."""
+        n = self.ledger.allowance()
         if n <= 0:
             return
-        heap = [
-            (e.iteration_seconds(e.load() + 1), i, e.load()) for i, e in enumerate(self.engines)
-            if e.accepting(self.version) and e.load() < e.capacity()
-        ]
-        heapq.heapify(heap)
-        given: dict[int, list[Sample]] = {}
-        while n > 0 and heap:
-            _, i, load = heap[0]
-            sid = self.admitted
-            given.setdefault(i, []).append(Sample(sid, self._prompts[sid], self._responses[sid], self.version))
-            self.admitted += 1
-            n -= 1
-            e = self.engines[i]
-            if load + 1 < e.capacity():  # heapreplace: pop then push in one sift, same order
-                heapq.heapreplace(heap, (e.iteration_seconds(load + 2), i, load + 1))
-            else:
-                heapq.heappop(heap)
-        for i, samples in given.items():
-            self.in_flight[self.version] += len(samples)
-            self.engines[i].assign(samples)
+        if self._router is None:
+            self._router = Router([e.mean_iteration_s for e in self.engines], [e.max_batch for e in self.engines])
+        version = self.ledger.version
+        accepting = [e.accepting(version) for e in self.engines]
+        loads = [e.load() if a else 0 for e, a in zip(self.engines, accepting, strict=True)]
+        engine = self._router.route(n, accepting, loads)
+        if not len(engine):
+            return
+        first = self.ledger.admit(len(engine))
+        sids = np.arange(first, first + len(engine))
+        for i, mine in deal(engine, sids):
+            self.engines[i].assign([Sample(sid, self._prompts[sid], self._responses[sid], version)
+                                    for sid in mine.tolist()])
         if self._watch_step is not None:  # more samples in flight: the shortfalls change
             self.watch(self._watch_step)
 
     def completed(self, samples: list[Sample]) -> None:
+        """Samples completed now: into the buffer, and the trainer woken once its step could be ready."""
         for s in samples:
-            self.in_flight[s.start_version] -= 1
-            self.buffer.setdefault(s.start_version, []).append(s)
-        self.buffered += len(samples)
+            self.ledger.buffer(s.start_version, [s], 1)
         if self._watch_step is None:
             self.on_buffer()
             return
@@ -98,28 +100,20 @@ class Controller(ControllerBase):
         The trainer still confirms with `ready`; admissions recompute this.
         """
         self._watch_step = step
-        self._short = shortfalls(step, self.eta, self.batch, self.in_flight, self._counts())
+        self._short = self.ledger.shortfalls(step)
 
     def unwatch(self) -> None:
+        """The trainer stopped waiting: no more wake-ups."""
         self._watch_step, self._short = None, {}
-
-    def _counts(self) -> dict[int, int]:
-        return {level: len(samples) for level, samples in self.buffer.items()}
 
     def ready(self, step: int) -> bool:
         """Step `step` may train the B oldest buffered samples without breaking the bound later."""
-        return batch_ready(step, self.eta, self.batch, self.in_flight, self._counts())
+        return self.ledger.ready(step)
 
     def take(self) -> list[Sample]:
         """The B oldest buffered samples, by start version then sample id."""
-        batch: list[Sample] = []
-        for level, n in batch_levels(self._counts(), self.batch).items():
-            pool = sorted(self.buffer.pop(level), key=lambda s: s.sid)
-            batch.extend(pool[:n])
-            if pool[n:]:
-                self.buffer[level] = pool[n:]
-        self.buffered -= len(batch)
-        return batch
+        pieces = self.ledger.take(lambda chunks: sorted(itertools.chain.from_iterable(chunks), key=attrgetter("sid")))
+        return list(itertools.chain.from_iterable(pieces))
 
     def train(self, step: int, rec: Recorder) -> tuple[int, int]:
         """Hand the next batch to step `step`: (samples, tokens); tally its trained tokens' staleness."""
@@ -131,5 +125,6 @@ class Controller(ControllerBase):
         return len(batch), sum(s.tokens for s in batch)
 
     def new_version(self, version: int) -> None:
-        self.version = version
+        """The trainer's weights are now `version`: new samples start under it."""
+        self.ledger.version = version
         self.request_dispatch()

@@ -1,7 +1,7 @@
 """The reference rollout engine: continuous batching, one simulation event per decode iteration.
 
 Samples are objects and every iteration is a simpy timeout, so it is slow and plainly right: the
-fast path (sim.engine) is checked against it. Between iterations it admits routed requests,
+fast path (sim.engine, sim.fleet) is checked against it. Between iterations it admits routed requests,
 loads new weights (re-prefilling the KV cache), completes samples and preempts on KV overflow.
 """
 
@@ -10,21 +10,31 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import Any, Protocol
 
 import simpy
 
-from sim.costs import DecodeTable, PrefillCurve
 from sim.recorder import Recorder
 from sim.reference.controller import Controller
 from sim.reference.sample import Sample
+from traces.capacity import admits, kv_room
 
-KV_WATERMARK = 0.01  # vLLM's block-manager watermark
+
+class DecodeCost(Protocol):
+    """An engine kind's decode table (sim.decode_tables.DecodeTable, handed in by sim.simulate)."""
+
+    def total(self, b: int, s0: float, k: int) -> float: ...
+
+
+class PrefillCost(Protocol):
+    """An engine kind's prefill curve (sim.decode_tables.PrefillCurve): seconds to prefill `tokens`."""
+
+    def __call__(self, tokens: float) -> float: ...
 
 
 class Engine:
     def __init__(
-        self, env: simpy.Environment, name: str, group: str, decode: DecodeTable, prefill: PrefillCurve,
+        self, env: simpy.Environment, name: str, group: str, decode: DecodeCost, prefill: PrefillCost,
         max_batch: int, kv_tokens: float, controller: Controller, recorder: Recorder,
         finish: Callable[[list[Sample]], None],
         *, mean_iteration_s: tuple[float, ...], interruptible: bool,
@@ -51,7 +61,7 @@ class Engine:
         controller.engines.append(self)
         self.proc = env.process(self.run())
 
-    # ---- the router's view (sim.controller.Worker) ------------------------------------------
+    # ---- the router's view (sim.reference.controller.Worker) --------------------------------
     def accepting(self, version: int) -> bool:
         """New samples start under the current weights only: none while an update is pending."""
         return self.update is None and self.version == version
@@ -62,13 +72,6 @@ class Engine:
     def queued(self) -> int:
         """Samples waiting for admission (the queue plot)."""
         return len(self.waiting) + len(self.inbox)
-
-    def capacity(self) -> int:
-        return self.max_batch
-
-    def iteration_seconds(self, batch: int) -> float:
-        """A decode iteration of `batch` mean-length samples: what the router balances."""
-        return self.mean_iteration_s[min(batch, len(self.mean_iteration_s) - 1)]
 
     def assign(self, samples: list[Sample]) -> None:
         """The router sent requests: stop at the next iteration boundary and admit them."""
@@ -122,12 +125,8 @@ class Engine:
         return new
 
     def _fits(self, s: Sample, pending: int) -> bool:
-        if len(self.running) + pending >= self.max_batch:
-            return False
-        # vLLM admits only while a watermark of the cache stays free (1% of blocks): a preempted
-        # sample re-admitted with one token to spare would overflow and be preempted again at once
-        room = self.kv_tokens * (1 - KV_WATERMARK)
-        return (not self.running and not pending) or self.context + s.prompt + s.generated + 1 <= room
+        return admits(len(self.running), pending, self.max_batch, self.context, s.prompt + s.generated,
+                      kv_room(self.kv_tokens))
 
     def _prefill(self, samples: list[Sample]) -> Generator[simpy.Event, Any, None]:
         tokens = sum(s.prompt + s.generated for s in samples)

@@ -1,9 +1,9 @@
-"""Completions that engines have planned ahead but that have not reached the trainer's buffer yet.
+"""Completions that engines' decode plans will make, filed ahead, not yet in the trainer's buffer.
 
 An engine decoding a fixed batch knows when each of its samples will finish; it files them here
-instead of one simulation event per sample. Every filing is a set of "parts" (one per engine plan:
-a whole fleet of engines planning together files one part each in one call), and a part is cut
-back when its plan is interrupted: only its first `keep` completions happen.
+instead of one simulation event per sample. Every filing is a set of "parts" (one per decode plan:
+a whole fleet of engines laying out together files one part each in one call), and a part is cut
+back when its decode plan is interrupted: only its first `keep` completions happen.
 
 All undelivered completions live in one unsorted pool: a filing is appended (no sort, no merge),
 and a cut only lowers its part's limit: entries past the limit are skipped when read. Only two
@@ -15,29 +15,18 @@ entries are marked (their time set to infinity) and dropped, with cut ones, at t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from sim.kernels import compact_pool, file_entries, file_plans, take_due
-
-if TYPE_CHECKING:  # sim.planning imports this module (Chunk)
-    from sim.planning import FlatPlans
+from sim.decode_plans import FlatDecodePlans
+from sim.kernels.pool import compact_pool, file_entries, file_plan_rows, take_due
 
 EMPTY = np.empty(0, np.int64)
 NO_LIMIT = np.iinfo(np.int64).max
 
 
-class Chunk:
-    """One engine's planned completions: part `part` of the index (see Pending.cut)."""
+class CompletionPool:
+    """Completions filed ahead (in parts, one per decode plan), cut back, and taken out when due."""
 
-    __slots__ = ("part",)
-
-    def __init__(self, part: int) -> None:
-        self.part = part
-
-
-class Pending:
     def __init__(self, start_version: np.ndarray) -> None:
         self.start_version = start_version  # [sample id]: the version it started under (set before it is filed)
         # the pool: the first `_n` entries of buffers with room to grow (a filing writes its entries
@@ -62,27 +51,27 @@ class Pending:
             self._limit = grown
         return first
 
-    def add(self, times: np.ndarray, sids: np.ndarray) -> Chunk:
-        """One engine's completions: one part."""
+    def file(self, times: np.ndarray, sids: np.ndarray) -> int:
+        """One engine's completions: one part (its id is returned)."""
         part = self._new_parts(1)
         self._file(times, sids, part, EMPTY, EMPTY)
-        return Chunk(part)
+        return part
 
-    def add_parts(self, times: np.ndarray, sids: np.ndarray, owner: np.ndarray, ranks: np.ndarray, n: int) -> int:
+    def file_parts(self, times: np.ndarray, sids: np.ndarray, owner: np.ndarray, ranks: np.ndarray, n: int) -> int:
         """Completions of n engines at once: entry i is number ranks[i] of part owner[i] (0..n-1).
         Returns the first part's id (the others follow)."""
         first = self._new_parts(n)
         self._file(times, sids, first, owner, ranks)
         return first
 
-    def add_plans(self, plans: FlatPlans, reward: np.ndarray) -> int:
-        """What n engines' plans complete (each engine's first rows, in jump order, at its jump's end
+    def file_plans(self, plans: FlatDecodePlans, reward: np.ndarray) -> int:
+        """What n engines' decode plans complete (each engine's first rows, in jump order, at its jump's end
         plus reward[e]): part e of the n is engine e's. Returns the first part's id."""
         first = self._new_parts(len(plans.n_done))
         k = int(plans.n_done.sum())
         at = self._room_for(k)
         if at is not None:
-            self._filed(at, k, file_plans(
+            self._filed(at, k, file_plan_rows(
                 *self._buffers, at, plans.rows, plans.jumps, plans.done, plans.ends, plans.sid,
                 np.asarray(reward, np.float64), self.start_version, first))
         return first
@@ -116,10 +105,10 @@ class Pending:
         self._live = None
         self._next = min(self._next, earliest)
 
-    def cut(self, chunk: Chunk, keep: int) -> None:
-        """The plan behind `chunk` stopped early: only its first `keep` completions happen (those
-        cut off were due after now, so none of them has been delivered)."""
-        part = chunk.part  # one engine's plan, cut at every interrupt: no arrays for one number
+    def cut(self, part: int, keep: int) -> None:
+        """The decode plan behind `part` stopped early: only its first `keep` completions happen (those
+        cut off were due after now, so none of them has been delivered). One engine's plan, cut at
+        every interrupt: no arrays for one number."""
         if keep < self._limit[part]:
             self._limit[part] = keep
             self._cuts += 1
@@ -172,7 +161,7 @@ class Pending:
 
     def kth_time(self, need: dict[int, int]) -> float:
         """Earliest time by which, for every level L in `need`, need[L] more completions of start
-        version <= L are in (inf if the plans never get there); the next completion if `need` is empty."""
+        version <= L are in (inf if the decode plans never get there); the next completion if `need` is empty."""
         times, versions = self._remaining()
         if not len(times):
             return float("inf")

@@ -4,13 +4,14 @@ In steady state every engine of an async fleet does the same things at the same 
 trainer pushes new weights, every engine stops after its current iteration, loads the weights at
 the same time as the others, re-prefills, admits what the router sends it, and decodes its batch
 in closed form until the next push, with nothing to decide in between (quiet: no staleness
-allowance left to route). `Parked` holds such engines' plans side by side (sim.planning.FlatPlans)
-and `Loading` the engines between a push and their weight load; sim.engine.Fleet moves them
-through the cycle with a few array passes per step (sim.kernels), where the per-engine path would
-resume one process per engine several times a step. An engine leaves the arrays (Fleet.unpark) as soon as
-something happens to it alone, and carries on in its own process exactly as if it had never left.
+allowance left to route). `Parked` holds such engines' decode plans side by side
+(sim.decode_plans.FlatDecodePlans) and `Loading` the engines between a push and their weight load;
+sim.parking moves them through the cycle with a few array passes per step
+(sim.kernels.fleet_passes), where the per-engine path would resume one process per engine several
+times a step. An engine leaves the arrays (Parking.unpark) as soon as something happens to it
+alone, and carries on in its own process exactly as if it had never left.
 
-Things that happen inside a plan without a decision (the prefills admitting the routed samples,
+Things that happen inside a decode plan without a decision (the prefills admitting the routed samples,
 jumps and completions) are recorded when they are next looked at: at the next push, when the
 engine leaves, or at the end of the run.
 """
@@ -21,21 +22,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim.kernels import group_by_owner
-from sim.planning import FlatPlans
+from sim.decode_plans import FlatDecodePlans
+from sim.kernels.owners import group_by_owner
 
 
 @dataclass(slots=True)
 class Parked:
-    """Engines that planned at one instant and sleep through their plans (local index i)."""
+    """Engines that laid out their decode plans at one instant and sleep through them (local index i)."""
 
     engines: np.ndarray  # fleet index of each
     alive: np.ndarray  # still parked here (an engine that leaves does not come back to this one)
     version: np.ndarray
-    progress: np.ndarray  # decode iterations when the plan starts
+    progress: np.ndarray  # decode iterations when the decode plan starts
     context_pre: np.ndarray  # KV context before the admission
-    context: np.ndarray  # and after it (the plan's)
-    seg_start: np.ndarray  # when the engine planned
+    context: np.ndarray  # and after it (the decode plan's)
+    seg_start: np.ndarray  # when the engine decided (sim.segment)
     reprefill_end: np.ndarray  # nan: no re-prefill
     prefill_end: np.ndarray  # nan: nothing admitted
     n_pre: np.ndarray  # samples running before the admission
@@ -43,14 +44,14 @@ class Parked:
     phases_open: np.ndarray  # its prefills are not recorded yet
     is_new: np.ndarray  # per row of the plan: admitted at this instant
     rest: np.ndarray  # samples left in the inbox (no room for them)
-    idle_end: np.ndarray  # its plan drains the batch and nothing waits: the engine is idle after it
-    plan: FlatPlans
+    idle_end: np.ndarray  # its decode plan drains the batch and nothing waits: the engine is idle after it
+    plans: FlatDecodePlans
     t0: np.ndarray  # decode starts (after the prefills)
     first_part: int  # the completions of engine i are part first_part + i of the controller's index
 
     def completed_by(self, i: int, now: float) -> int:
         """Samples of engine i whose jump has ended by now."""
-        p = self.plan
+        p = self.plans
         lo, hi = int(p.jumps[i]), int(p.jumps[i + 1])
         j = int(np.searchsorted(p.ends[lo:hi], now, "right"))
         return int(p.cum[lo + j - 1] - p.offsets[i]) if j else 0

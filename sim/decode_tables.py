@@ -1,4 +1,5 @@
-"""Stage costs of one plan, tabulated from the cost model so the event loop never calls numpy.
+"""Decode and prefill tables of one kind of engine, tabulated from the cost model (traces.costmodel)
+so the event loop never calls it.
 
 Decode iteration time depends on the running sequences B and their total context S (attention
 and KV reads grow with S; see traces.costmodel.roofline.decode_seconds). For each engine type it
@@ -14,7 +15,8 @@ from functools import cached_property, lru_cache
 
 import numpy as np
 
-from sim.kernels import jump_total, jump_totals, prefill_many, prefill_one, stop_after
+from sim.kernels.decode_sums import jump_total, jump_totals, stop_after
+from sim.kernels.prefill_curve import prefill_many, prefill_one
 from traces import CostModel, GpuType, ModelSpec
 
 GRID_POINTS = 64
@@ -57,7 +59,7 @@ class DecodeTable:
         return jump_total(self.base_arr, self.slope_arr, self.ds, b, s0, k)
 
     def totals(self, b: np.ndarray, s0: np.ndarray, k: np.ndarray) -> np.ndarray:
-        """`total` of many jumps at once, bit for bit: the same arithmetic, compiled (sim.kernels)."""
+        """`total` of many jumps at once, bit for bit: the same arithmetic, compiled (sim.kernels.decode_sums)."""
         b, s0, k = np.asarray(b, np.int64), np.asarray(s0, np.float64), np.asarray(k, np.int64)
         return jump_totals(self.base_arr, self.slope_arr, self.ds, b, s0, k)
 
