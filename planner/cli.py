@@ -78,14 +78,14 @@ def cost_model(args: argparse.Namespace) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from planner.commands import catalog, costs, fidelity, plan, profile, report, run, simulate, validate
+    from planner.commands import catalog, costs, export, fidelity, plan, profile, report, run, simulate, validate
 
     parser = _Parser(
         prog="rlfleet",
         description="Simulate, plan and run RL post-training of LLMs on a mixed GPU fleet.",
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
-    for module in (catalog, costs, validate, simulate, plan, report, profile, run, fidelity):
+    for module in (catalog, costs, validate, simulate, plan, export, report, profile, run, fidelity):
         module.register(sub)
     for command in sub.choices.values():
         command.add_argument("--quiet", action="store_true", help="no progress bars")

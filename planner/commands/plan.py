@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from planner.cli import add_profile_arg, cost_model, emit, positive_float, positive_int
+from planner.exports import summary, summary_lines
 from traces import load_cluster, load_workload
 
 
@@ -33,7 +34,6 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from planner.api import pareto, plan_report
-    from planner.export import exports
 
     cluster, workload = load_cluster(args.cluster), load_workload(args.workload)
     if args.objective == "pareto":
@@ -48,8 +48,9 @@ def run(args: argparse.Namespace) -> int:
                          baselines=not args.no_baselines, cost_model=cost_model(args))
     if args.out:
         report.plan.save(args.out)
-    summary = {**report.summary(), **exports(report.plan, cluster), "plan": report.plan.model_dump(mode="json")}
-    emit(summary, args.json, _lines(report, summary, args.out))
+    result = {**report.summary(), "exports": summary(report.plan, cluster, workload),
+               "plan": report.plan.model_dump(mode="json")}
+    emit(result, args.json, _lines(report, result, args))
     return 0
 
 
@@ -59,7 +60,7 @@ def _nodes(nodes: tuple[int, ...]) -> str:
     return f" (node {nodes[0]})" if len(nodes) == 1 else f" (nodes {nodes[0]}-{nodes[-1]})"
 
 
-def _lines(report: Any, summary: dict[str, Any], out: str | None) -> list[str]:
+def _lines(report: Any, summary: dict[str, Any], args: argparse.Namespace) -> list[str]:
     plan, s = report.plan, report.chosen.solution
     t = plan.trainer
     lines = [f"plan for {plan.workload or 'workload'} on {plan.cluster or 'cluster'}: {plan.mode}"
@@ -80,8 +81,7 @@ def _lines(report: Any, summary: dict[str, Any], out: str | None) -> list[str]:
             gpus = ", ".join(f"{n} {k}" for k, n in b.plan.gpus_in_use.items())
             lines.append(f"  {name:<16} {b.samples_per_s:8.2f} samples/s  ${b.solution.cost_per_hour:8.2f}/h  "
                          f"plan is {ratio:.2f}x  ({gpus})")
-    mode = summary["areal_allocation_mode"]
-    lines.append(f"AReaL allocation: {mode if isinstance(mode, str) else ', '.join(mode.values())}")
-    if out:
-        lines.append(f"plan -> {out}")
+    lines += summary_lines(summary["exports"], args.out, args.cluster, args.workload)
+    if args.out:
+        lines.append(f"plan -> {args.out}")
     return lines
