@@ -18,6 +18,7 @@ import pandas as pd
 
 from planner.candidates import Candidates, candidates
 from planner.explain import check_request, explain_empty, marginal_values
+from planner.frameworks import RULES, solver_for
 from planner.milp import Mode, Objective, Solution, solve, solve_colocated
 from planner.placement import reprice_sync, to_plan
 from sim import SimResult, simulate
@@ -56,6 +57,8 @@ class PlanReport:
     budget: float | None
     target: float | None
     seconds: dict[str, float] = field(default_factory=dict)
+    # --framework: {"framework", "rule", "unrestricted_samples_per_s", "unrestricted_cost_per_hour"}
+    restriction: dict[str, Any] | None = None
 
     def summary(self) -> dict[str, Any]:
         s = self.chosen.solution
@@ -78,6 +81,7 @@ class PlanReport:
             if best_homog is not None and best_homog.samples_per_s > 0 else None,
             "ranked": [r.row() for r in self.ranked],
             "seconds": self.seconds,
+            "restriction": self.restriction,
         }
 
 
@@ -100,14 +104,19 @@ def plan_report(
     cluster: Cluster, workload: Workload, *, objective: Objective = "throughput", budget: float | None = None,
     target: float | None = None, top_k: int = 3, cost_model: CostModel | None = None, solver: str = "auto",
     sim_steps: int = 8, seed: int = 0, baselines: bool = True, marginal: bool = True, refine: int = 3,
+    framework: str | None = None,
 ) -> PlanReport:
-    """Plan `workload` on `cluster`; see the module docstring. Raises SpecError (with the reason)."""
+    """Plan `workload` on `cluster`; see the module docstring. Raises SpecError (with the reason).
+
+    `framework` ("areal", "verl") searches only plans it launches (planner.frameworks); the report's
+    `restriction` then holds the unrestricted plan's figures, planned and simulated the same way."""
     cm = cost_model or CostModel()
     check_request(objective, budget, target, top_k, sim_steps)
     t0 = time.perf_counter()
     cand = candidates(cm, cluster, workload)
     mode: Mode = workload.mode
-    found = solve(cand, mode, objective, budget, target, top_k, solver)
+    solve_fn = solver_for(framework) if framework else solve
+    found = solve_fn(cand, mode, objective, budget, target, top_k, solver)
     if not found:
         explain_empty(cm, cluster, workload, cand, mode, objective, budget, target, solver)
     t1 = time.perf_counter()
@@ -116,7 +125,7 @@ def plan_report(
                        for i, s in enumerate(found))
     if sim_steps > 0 and refine > 0:
         ranked = _refine(cm, cluster, workload, cand, ranked, objective, budget, target, solver, sim_steps, seed,
-                         refine)
+                         refine, solve_fn)
     chosen = _pick(ranked, objective, target)
     t2 = time.perf_counter()
     spend = budget if budget is not None else chosen.solution.cost_per_hour
@@ -128,9 +137,18 @@ def plan_report(
     predicted = {"samples_per_s": chosen.samples_per_s, "analytic_samples_per_s": chosen.solution.samples_per_s,
                  "cost_per_hour": chosen.solution.cost_per_hour, "gap": chosen.solution.gap,
                  **{f"baseline:{name}": b.samples_per_s for name, b in base.items()}}
+    restriction = None
+    if framework:
+        free = plan_report(cluster, workload, objective=objective, budget=budget, target=target, top_k=top_k,
+                           cost_model=cm, solver=solver, sim_steps=sim_steps, seed=seed, baselines=False,
+                           marginal=False, refine=refine)
+        restriction = {"framework": framework, "rule": RULES[framework],
+                       "unrestricted_samples_per_s": free.chosen.samples_per_s,
+                       "unrestricted_cost_per_hour": free.chosen.solution.cost_per_hour}
+        predicted["unrestricted:samples_per_s"] = free.chosen.samples_per_s
     plan = chosen.plan.model_copy(update={"predicted": predicted})
     chosen = dataclasses.replace(chosen, plan=plan)
-    return PlanReport(plan, chosen, ranked, base, values, objective, budget, target, seconds)
+    return PlanReport(plan, chosen, ranked, base, values, objective, budget, target, seconds, restriction)
 
 
 def plan(cluster: Cluster, workload: Workload, objective: Objective = "throughput", budget: float | None = None,
@@ -141,7 +159,7 @@ def plan(cluster: Cluster, workload: Workload, objective: Objective = "throughpu
 
 def _refine(cm: CostModel, cluster: Cluster, workload: Workload, cand: Candidates, ranked: tuple[Scored, ...],
             objective: Objective, budget: float | None, target: float | None, solver: str, sim_steps: int,
-            seed: int, rounds: int) -> tuple[Scored, ...]:
+            seed: int, rounds: int, solve_fn: Any = solve) -> tuple[Scored, ...]:
     """Hill-climb on the trainer's size around the best simulated plan, one size step at a time.
 
     The analytic model sees training as a capacity; in simulation a faster trainer also publishes
@@ -163,7 +181,7 @@ def _refine(cm: CostModel, cluster: Cluster, workload: Workload, cand: Candidate
                 continue
             seen.add((option.pool, option.nodes))
             only = dataclasses.replace(cand, trainers=(option,))
-            found = solve(only, best.solution.mode, objective, budget, target, 1, solver)
+            found = solve_fn(only, best.solution.mode, objective, budget, target, 1, solver)
             if not found:
                 continue
             scored = _score(f"refined-{len(out) - len(ranked) + 1}", cm, cluster, workload, cand, found[0],

@@ -26,6 +26,9 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="simulation seed (default 0)")
     p.add_argument("--solver", choices=("auto", "highs", "cbc"), default="auto", help="MILP solver (default auto)")
     p.add_argument("--no-baselines", action="store_true", help="skip planning and simulating the baselines")
+    p.add_argument("--framework", choices=("areal", "verl"),
+                   help="search only plans this framework launches as they are (one rollout engine kind on whole "
+                        "nodes), so `rlfleet export` writes exactly the simulated plan; compared with the free plan")
     p.add_argument("--out", metavar="PLAN_JSON", help="write the chosen plan (traces plan format) here")
     add_profile_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -45,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write("planning: solving the MILP, then simulating the top plans and baselines...\n")
     report = plan_report(cluster, workload, objective=args.objective, budget=args.budget, target=args.target,
                          top_k=args.top_k, solver=args.solver, sim_steps=args.sim_steps, seed=args.seed,
-                         baselines=not args.no_baselines, cost_model=cost_model(args))
+                         baselines=not args.no_baselines, cost_model=cost_model(args), framework=args.framework)
     if args.out:
         report.plan.save(args.out)
     result = {**report.summary(), "exports": summary(report.plan, cluster, workload),
@@ -72,6 +75,12 @@ def _lines(report: Any, summary: dict[str, Any], args: argparse.Namespace) -> li
     lines.append(f"  throughput {summary['samples_per_s']:.2f} samples/s simulated, {s.samples_per_s:.2f} analytic "
                  f"(LP bound {s.lp_bound:.2f}, gap {s.gap:.2%})")
     lines.append(f"  cost      ${s.cost_per_hour:,.2f}/h, ${summary['cost_per_1k_samples']:.3f} per 1k samples")
+    if report.restriction is not None:
+        r = report.restriction
+        free = r["unrestricted_samples_per_s"]
+        share = summary["samples_per_s"] / free if free > 0 else math.inf
+        lines.append(f"  restricted to what {r['framework']} launches: {r['rule']}; the unrestricted plan simulates "
+                     f"{free:.2f} samples/s at ${r['unrestricted_cost_per_hour']:,.2f}/h, this one {share:.1%} of it")
     marginal = ", ".join(f"{k} +{v:.3f}" for k, v in report.marginal.items())
     lines.append(f"  bottleneck {s.bottleneck}" + (f"; one more GPU adds (samples/s): {marginal}" if marginal else ""))
     if report.baselines:
