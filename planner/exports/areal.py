@@ -58,6 +58,12 @@ def config(plan: Plan, cluster: Cluster, workload: Workload, names: list[str]) -
         "gconfig": {"n_samples": workload.group_size, "max_new_tokens": workload.response_len.max,
                     "max_tokens": workload.max_seq_len},
     }
+    # the names AReaL's sections need, tied to the top-level ones as AReaL's example configs do
+    names_of = {"experiment_name": "${experiment_name}", "trial_name": "${trial_name}"}
+    for section in ("saver", "evaluator", "stats_logger", "recover"):
+        out[section] = {**names_of, "fileroot": "${cluster.fileroot}"}
+    out["actor"].update(names_of)
+    out["rollout"].update(names_of)
     if plan.max_concurrent_rollouts is not None:
         out["rollout"]["max_concurrent_rollouts"] = plan.max_concurrent_rollouts
     if colocated:
