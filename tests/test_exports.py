@@ -76,7 +76,8 @@ def _areal_loads(plan: Plan, cluster: Cluster, workload: Workload) -> None:
     assert cfg.actor.ppo_n_minibatches == workload.ppo_minibatches
     assert hostlist.expand_hostlist(cfg.actor.scheduling_spec[0].nodelist) == _hosts(t.nodes)
     if plan.mode == "colocated":
-        assert cfg.rollout.scheduling_strategy.type == "colocation" and cfg.rollout.scheduling_strategy.target == "actor"
+        strategy = cfg.rollout.scheduling_strategy
+        assert strategy.type == "colocation" and strategy.target == "actor"
         assert cfg.cluster.n_nodes == len(t.nodes)
     else:
         assert hostlist.expand_hostlist(cfg.rollout.scheduling_spec[0].nodelist) == _hosts(_rollout_nodes(plan))
@@ -118,7 +119,7 @@ def test_restricted_plan_exports_and_loads(case: str, framework: str) -> None:
     free = report.restriction["unrestricted_samples_per_s"]  # type: ignore[index]
     print(f"{case}: --framework {framework} {report.chosen.samples_per_s:.2f} samples/s simulated, "
           f"unrestricted {free:.2f}")
-    assert 0 < report.chosen.samples_per_s and free > 0
+    assert report.chosen.samples_per_s > 0 and free > 0
 
 
 @pytest.mark.parametrize("case", list(CASES))
