@@ -203,3 +203,15 @@ def test_cli_export_writes_and_refuses_in_one_line(cli, tmp_path: Path) -> None:
               str(Path("traces/data/workloads/qwen2.5-1.5b-math-short.yaml")))
     refused = cli("export", str(colo_file), *c_args, "--to", "verl", "--recipe", "fully_async")
     assert refused.code == 2 and "--recipe ppo" in refused.err and refused.err.count("\n") == 1
+
+
+def test_cli_plan_framework_names_the_restriction_and_its_cost(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "plan.json"
+    r = cli("plan", "--cluster", "traces/data/clusters/a100-l4.yaml", "--workload",
+            "traces/data/workloads/llama-3.1-8b-grpo-4k.yaml", "--framework", "verl", "--no-baselines",
+            "--sim-steps", "2", "--top-k", "1", "--out", str(out))
+    assert r.code == 0, r.err
+    assert "restricted to what verl launches" in r.out and "the unrestricted plan simulates" in r.out
+    verl_line = next(line for line in r.out.splitlines() if line.startswith("verl: "))
+    assert "trainer.nnodes=" in verl_line and "rlfleet plan --framework" not in verl_line  # it exports as it is
+    assert f"rlfleet export {out}" in r.out

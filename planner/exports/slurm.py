@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.exports.roles import Role, node_size, nodelist
+from planner.exports.roles import Role, node_size, nodelist, trainer_role
 from traces import Cluster, Plan
 
 
@@ -25,8 +25,7 @@ class Component:
 
 
 def components(plan: Plan, cluster: Cluster) -> list[Component]:
-    t = plan.trainer
-    train = Role("train", t.gpu_type, t.gpus, t.nodes, node_size(cluster, t.gpu_type, t.nodes), t.tp)
+    t, train = plan.trainer, trainer_role(plan, cluster)
     out = [Component(f"train {t.gpus} {t.gpu_type} (dp{t.dp} tp{t.tp} pp{t.pp})", train,
                      min(train.gpus_per_node, t.gpus))]
     if plan.mode == "colocated":  # the engines share the trainer's GPUs: no component of their own
