@@ -37,6 +37,16 @@ ifeq ($(VLLM_CPU),1)
 endif
 	touch $@
 
+# AReaL and verl, for tests/test_exports.py (their own loaders read the exports). --no-deps: their
+# dependency sets pin torch/transformers releases and GPU-only wheels (vllm, sglang, flash-attn) that
+# would replace the runtime's; their config code needs only the `frameworks` extra, tensordict (verl's
+# package import) and torchdata (AReaL's), also --no-deps for the same reason.
+FRAMEWORK_PINS := areal==1.0.4 verl==0.9.1 tensordict==0.15.3 torchdata==0.11.0
+$(VENV)/.frameworks: $(VENV)/.vllm
+	$(PIP) install -q --no-deps $(FRAMEWORK_PINS)
+	$(PIP) install -q -e ".[frameworks]"
+	touch $@
+
 # The main job on the shipped defaults: plan the mixed H800/H20/L40S fleet, simulate, compare baselines.
 demo: $(VENV)/.core
 	mkdir -p out
@@ -47,7 +57,7 @@ browser:
 	command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
 		($(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium)
 
-test: $(VENV)/.vllm browser
+test: $(VENV)/.frameworks browser
 	$(VENV)/bin/ruff check traces sim planner runtime tests bench
 	$(PY) -m pytest tests
 

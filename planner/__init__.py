@@ -11,8 +11,12 @@ __all__ = ["Change", "pareto", "plan", "plan_report", "what_if"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
+    if name in ("plan", "plan_report"):
         from planner import api
 
         return getattr(api, name)
+    if name in __all__:
+        from planner import sweeps
+
+        return getattr(sweeps, name)
     raise AttributeError(f"module 'planner' has no attribute {name!r}")

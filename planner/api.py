@@ -13,16 +13,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-import pandas as pd
-
 from planner.candidates import Candidates, candidates
 from planner.explain import check_request, explain_empty, marginal_values
+from planner.frameworks import RULES, solver_for
 from planner.milp import Mode, Objective, Solution, solve, solve_colocated
 from planner.placement import reprice_sync, to_plan
 from sim import SimResult, simulate
-from traces import Cluster, CostModel, NodeGroup, Plan, SpecError, Workload
-from traces.io import validate
+from traces import Cluster, CostModel, Plan, SpecError, Workload
 from traces.progress import bar
 from traces.records import recommended_steps
 
@@ -59,6 +56,8 @@ class PlanReport:
     target: float | None
     seconds: dict[str, float] = field(default_factory=dict)
     cluster: Cluster | None = None  # what the plan was made for: which baselines it could run
+    # --framework: {"framework", "rule", "unrestricted_samples_per_s", "unrestricted_cost_per_hour"}
+    restriction: dict[str, Any] | None = None
 
     def summary(self) -> dict[str, Any]:
         s = self.chosen.solution
@@ -83,6 +82,7 @@ class PlanReport:
             if best_homog is not None and best_homog.samples_per_s > 0 else None,
             "ranked": [r.row() for r in self.ranked],
             "seconds": self.seconds,
+            "restriction": self.restriction,
         }
 
 
@@ -105,11 +105,13 @@ def plan_report(
     cluster: Cluster, workload: Workload, *, objective: Objective = "throughput", budget: float | None = None,
     target: float | None = None, top_k: int = 3, cost_model: CostModel | None = None, solver: str = "auto",
     sim_steps: int | None = None, seed: int = 0, baselines: bool = True, marginal: bool = True, refine: int = 3,
+    framework: str | None = None,
 ) -> PlanReport:
     """Plan `workload` on `cluster`; see the module docstring. Raises SpecError (with the reason).
 
     `sim_steps` None: enough trainer steps to measure one steady period (traces.records.recommended_steps).
-    """
+    `framework` ("areal", "verl") searches only plans it launches (planner.frameworks); the report's
+    `restriction` then holds the unrestricted plan's figures, planned and simulated the same way."""
     cm = cost_model or CostModel()
     if sim_steps is None:
         sim_steps = recommended_steps(workload.staleness if workload.mode == "async" else 0)
@@ -117,24 +119,28 @@ def plan_report(
     t0 = time.perf_counter()
     cand = candidates(cm, cluster, workload)
     mode: Mode = workload.mode
-    found = [(cand, s) for s in solve(cand, mode, objective, budget, target, top_k, solver)]
+    solve_fn = solver_for(framework) if framework else solve
+    found = [(cand, s) for s in solve_fn(cand, mode, objective, budget, target, top_k, solver)]
     if not found:
         explain_empty(cm, cluster, workload, cand, mode, objective, budget, target, solver)
-    found += _without_slow_links(cm, cluster, workload, mode, objective, budget, target, solver)
+    found += _without_slow_links(cm, cluster, workload, mode, objective, budget, target, solver, solve_fn)
     t1 = time.perf_counter()
     with bar(len(found), "simulating the top plans", unit="plan") as progress:
         ranked = tuple(_tick(progress, _score(f"top-{i + 1}", cm, cluster, workload, c, s, sim_steps, seed))
                        for i, (c, s) in enumerate(found))
     if sim_steps > 0 and refine > 0:
-        ranked = _refine(cm, cluster, workload, ranked, objective, budget, target, solver, sim_steps, seed, refine)
+        ranked = _refine(cm, cluster, workload, ranked, objective, budget, target, solver, sim_steps, seed, refine,
+                         solve_fn)
     if objective == "cost" and target is not None and sim_steps > 0:
         ranked = _meet_target(cm, cluster, workload, ranked, budget, target, top_k, solver, sim_steps, seed)
     chosen = _pick(ranked, objective, target)
     t2 = time.perf_counter()
     spend = budget if budget is not None else chosen.solution.cost_per_hour
     base = _baselines(cm, cluster, workload, chosen, spend, solver, sim_steps, seed) if baselines else {}
-    # A baseline that runs on this cluster in the asked mode is a plan too: never return a worse one.
-    rivals = [b for b in base.values() if b.plan.mode == chosen.plan.mode and within(cluster, b.plan)]
+    # A baseline that runs on this cluster in the asked mode is a plan too: never return a worse one
+    # (under --framework only plans the framework launches are plans).
+    rivals = [b for b in base.values() if b.plan.mode == chosen.plan.mode and within(cluster, b.plan)
+              and not framework]
     chosen = _pick((chosen, *rivals), objective, target) if sim_steps > 0 else chosen
     t3 = time.perf_counter()
     values = marginal_values(cm, cluster, workload, mode, budget, solver) if marginal else {}
@@ -143,9 +149,18 @@ def plan_report(
     predicted = {"samples_per_s": chosen.samples_per_s, "analytic_samples_per_s": chosen.solution.samples_per_s,
                  "cost_per_hour": chosen.solution.cost_per_hour, "gap": chosen.solution.gap,
                  **{f"baseline:{name}": b.samples_per_s for name, b in base.items()}}
+    restriction = None
+    if framework:
+        free = plan_report(cluster, workload, objective=objective, budget=budget, target=target, top_k=top_k,
+                           cost_model=cm, solver=solver, sim_steps=sim_steps, seed=seed, baselines=False,
+                           marginal=False, refine=refine)
+        restriction = {"framework": framework, "rule": RULES[framework],
+                       "unrestricted_samples_per_s": free.chosen.samples_per_s,
+                       "unrestricted_cost_per_hour": free.chosen.solution.cost_per_hour}
+        predicted["unrestricted:samples_per_s"] = free.chosen.samples_per_s
     plan = chosen.plan.model_copy(update={"predicted": predicted})
     chosen = dataclasses.replace(chosen, plan=plan)
-    return PlanReport(plan, chosen, ranked, base, values, objective, budget, target, seconds, cluster)
+    return PlanReport(plan, chosen, ranked, base, values, objective, budget, target, seconds, cluster, restriction)
 
 
 def plan(cluster: Cluster, workload: Workload, objective: Objective = "throughput", budget: float | None = None,
@@ -156,7 +171,7 @@ def plan(cluster: Cluster, workload: Workload, objective: Objective = "throughpu
 
 def _refine(cm: CostModel, cluster: Cluster, workload: Workload, ranked: tuple[Scored, ...],
             objective: Objective, budget: float | None, target: float | None, solver: str, sim_steps: int,
-            seed: int, rounds: int) -> tuple[Scored, ...]:
+            seed: int, rounds: int, solve_fn: Any = solve) -> tuple[Scored, ...]:
     """Hill-climb on the trainer's size around the best simulated plan, one size step at a time.
 
     The analytic model sees training as a capacity; in simulation a faster trainer also publishes
@@ -178,7 +193,7 @@ def _refine(cm: CostModel, cluster: Cluster, workload: Workload, ranked: tuple[S
                 continue
             seen.add((id(cand), option.pool, option.nodes))
             only = dataclasses.replace(cand, trainers=(option,))
-            found = solve(only, best.solution.mode, objective, budget, target, 1, solver)
+            found = solve_fn(only, best.solution.mode, objective, budget, target, 1, solver)
             if not found:
                 continue
             scored = _score(f"refined-{len(out) - len(ranked) + 1}", cm, cluster, workload, cand, found[0],
@@ -225,7 +240,8 @@ def within(cluster: Cluster, plan: Plan) -> bool:
 
 
 def _without_slow_links(cm: CostModel, cluster: Cluster, workload: Workload, mode: Mode, objective: Objective,
-                        budget: float | None, target: float | None, solver: str) -> list[tuple[Candidates, Solution]]:
+                        budget: float | None, target: float | None, solver: str, solve_fn: Any = solve
+                        ) -> list[tuple[Candidates, Solution]]:
     """The best plan that leaves out the nodes below each network speed, one per speed tier.
 
     Weight sync waits for the slowest link to any engine, so slow-linked nodes can cost more than
@@ -236,7 +252,7 @@ def _without_slow_links(cm: CostModel, cluster: Cluster, workload: Workload, mod
     out = []
     for floor in speeds[:-1]:
         cand = candidates(cm, cluster, workload, min_link_bytes_per_s=floor)
-        found = solve(cand, mode, objective, budget, target, 1, solver) if cand.trainers else []
+        found = solve_fn(cand, mode, objective, budget, target, 1, solver) if cand.trainers else []
         out += [(cand, s) for s in found]
     return out
 
@@ -320,113 +336,3 @@ def _fixed_split(cm: CostModel, cluster: Cluster, workload: Workload, cand: Cand
         return None
     return _score(f"split {round(rollout_share * 100)}/{round((1 - rollout_share) * 100)}", cm, cluster, workload,
                   cand, found[0], sim_steps, seed)
-
-
-# ---- sweeps -------------------------------------------------------------------------------------
-def pareto(cluster: Cluster, workload: Workload, *, points: int = 8, cost_model: CostModel | None = None,
-           solver: str = "auto", sim_steps: int = 0, seed: int = 0) -> pd.DataFrame:
-    """Min-cost plans for targets from 10% to 100% of the fleet's analytic maximum.
-
-    The frontier is the MILP's (analytic): `samples_per_s` is what the analytic model promises. With
-    `sim_steps` > 0 each point is also simulated (`simulated_samples_per_s`), so a frontier that
-    disagrees with `plan`'s simulated answer says so in its own table.
-    """
-    cm = cost_model or CostModel()
-    if not 2 <= points <= 200:
-        raise SpecError(f"points must be between 2 and 200, got {points}")
-    cand = candidates(cm, cluster, workload)
-    top = solve(cand, workload.mode, "throughput", None, None, 1, solver)
-    if not top:
-        explain_empty(cm, cluster, workload, cand, workload.mode, "throughput", None, None, solver)
-    rows = []
-    for frac in _tick_all(np.linspace(0.1, 1.0, points), "pareto sweep"):
-        target = float(frac * top[0].samples_per_s) * (1 - 1e-6)
-        found = solve(cand, workload.mode, "cost", None, target, 1, solver)
-        if found:
-            s = found[0]
-            row = {"target": target, "samples_per_s": s.samples_per_s, "cost_per_hour": s.cost_per_hour,
-                   "cost_per_1k_samples": s.cost_per_hour / 3.6 / s.samples_per_s, "gap": s.gap}
-            if sim_steps > 0:
-                row["simulated_samples_per_s"] = _score("pareto", cm, cluster, workload, cand, s, sim_steps,
-                                                        seed).samples_per_s
-            rows.append({**row, **_gpu_columns(to_plan(cluster, workload, cand, s))})
-    return pd.DataFrame(rows).fillna(0)
-
-
-def _tick_all(items: Any, desc: str) -> Any:
-    items = list(items)
-    with bar(len(items), desc) as progress:
-        for item in items:
-            yield item
-            progress.update()
-
-
-def _gpu_columns(plan: Plan) -> dict[str, int]:
-    return {f"{t}_{role}": n for t, roles in plan.gpus_by_type.items() for role, n in roles.items() if n}
-
-
-@dataclass(frozen=True)
-class Change:
-    """One what-if variant: GPUs added (negative: removed) per type, and workload edits."""
-
-    name: str
-    gpus: dict[str, int] = field(default_factory=dict)  # gpu type -> GPUs to add (whole nodes)
-    workload: dict[str, Any] = field(default_factory=dict)  # Workload fields to replace
-    budget: float | None = None
-
-
-def what_if(cluster: Cluster, workload: Workload, changes: list[Change | dict[str, Any]], *,
-            cost_model: CostModel | None = None, sim_steps: int | None = None, seed: int = 0, solver: str = "auto",
-            budget: float | None = None, top_k: int = 3) -> pd.DataFrame:
-    """One row per variant (the unchanged fleet first): plan it as `plan` would (same search, same
-    defaults: its baseline row is `plan`'s answer), simulate it, report it."""
-    cm = cost_model or CostModel()
-    variants = [Change("baseline")] + [c if isinstance(c, Change) else Change(**c) for c in changes]
-    rows = []
-    for change in _tick_all(variants, "what-if variants"):
-        c2, w2 = apply_change(cluster, workload, change)
-        spend = change.budget if change.budget is not None else budget
-        try:
-            r = plan_report(c2, w2, budget=spend, top_k=top_k, cost_model=cm, solver=solver, sim_steps=sim_steps,
-                            seed=seed, baselines=False, marginal=False)
-        except SpecError as exc:
-            rows.append({"variant": change.name, "samples_per_s": 0.0, "note": str(exc)})
-            continue
-        s = r.summary()
-        rows.append({"variant": change.name, "samples_per_s": s["samples_per_s"],
-                     "analytic_samples_per_s": s["analytic_samples_per_s"], "cost_per_hour": s["cost_per_hour"],
-                     "cost_per_1k_samples": s["cost_per_1k_samples"], "bottleneck": s["bottleneck"],
-                     **_gpu_columns(r.plan), "note": ""})
-    return pd.DataFrame(rows).fillna(0)
-
-
-def apply_change(cluster: Cluster, workload: Workload, change: Change) -> tuple[Cluster, Workload]:
-    groups = list(cluster.node_groups)
-    for gpu_type, delta in change.gpus.items():
-        name = cluster.resolve(gpu_type).name
-        mine = [i for i, g in enumerate(groups) if cluster.resolve(g.gpu_type).name == name]
-        if not mine:
-            if delta <= 0:
-                raise SpecError(f"what-if '{change.name}': the cluster has no {name} GPUs to remove")
-            groups.append(NodeGroup(gpu_type=name, nodes=-(-delta // 8)))
-            continue
-        g = groups[mine[0]]
-        nodes = g.nodes + (delta // g.gpus_per_node if delta >= 0 else -(-delta // g.gpus_per_node))
-        if delta % g.gpus_per_node:
-            raise SpecError(f"what-if '{change.name}': {name} comes in nodes of {g.gpus_per_node} GPUs; "
-                            f"add or remove a multiple of {g.gpus_per_node}")
-        if nodes < 0:
-            raise SpecError(f"what-if '{change.name}': cannot remove {-delta} {name} GPUs, the cluster has {g.gpus}")
-        if nodes == 0:
-            groups.pop(mine[0])
-        else:
-            groups[mine[0]] = g.model_copy(update={"nodes": nodes})
-    if not groups:
-        raise SpecError(f"what-if '{change.name}' removes every GPU")
-    c2 = Cluster(name=f"{cluster.name}+{change.name}", gpus=cluster.gpus, node_groups=tuple(groups),
-                 links=cluster.links)
-    w2 = workload
-    if change.workload:
-        data = {**workload.model_dump(), **change.workload}
-        w2 = validate(Workload, data, f"what-if '{change.name}'")
-    return c2, w2

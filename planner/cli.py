@@ -16,14 +16,26 @@ from traces.progress import set_quiet
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from planner.commands import calibrate, catalog, costs, fidelity, plan, profile, report, run, simulate, validate
+    from planner.commands import (
+        calibrate,
+        catalog,
+        costs,
+        export,
+        fidelity,
+        plan,
+        profile,
+        report,
+        run,
+        simulate,
+        validate,
+    )
 
     parser = Parser(
         prog="rlfleet",
         description="Simulate, plan and run RL post-training of LLMs on a mixed GPU fleet.",
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND")
-    for module in (catalog, costs, validate, simulate, plan, report, profile, run, fidelity, calibrate):
+    for module in (catalog, costs, validate, simulate, plan, export, report, profile, run, fidelity, calibrate):
         module.register(sub)
     for command in sub.choices.values():
         command.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -15,9 +15,9 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from planner.api import pareto
-from planner.export import exports
+from planner.exports import summary as exports
 from planner.plots import baselines_bar, pareto_frontier
+from planner.sweeps import pareto
 from sim import simulate
 from sim.plots import gantt, plt, staleness_histogram, utilization
 from traces import Cluster, CostModel, Plan, SpecError, Workload
@@ -79,7 +79,7 @@ def render(plan: Plan, cluster: Cluster, workload: Workload, *, steps: int = 8, 
     ]
     if frontier is not None and not frontier.empty:
         parts += ["<h2>Cost against throughput</h2>", _img(pareto_frontier({cluster.name: frontier}), "pareto")]
-    parts += ["<h2>Exports</h2>", f"<pre>{html.escape(json.dumps(exports(plan, cluster), indent=2))}</pre>",
+    parts += ["<h2>Exports</h2>", f"<pre>{html.escape(json.dumps(exports(plan, cluster, workload), indent=2))}</pre>",
               "<h2>Plan JSON</h2>", f"<pre>{html.escape(plan.to_json())}</pre>"]
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>rlfleet report</title>"
             f"<style>{_STYLE}</style></head><body>{''.join(parts)}{_CHECK}</body></html>")

@@ -1,9 +1,7 @@
 """Ray placement of a plan: one placement group per plan group, pinned to its GPU type.
 
-Every bundle asks for one device and a sliver of the custom resource `accelerator_type:<TYPE>`
-(Ray sets it on GPU nodes; fake CPU nodes in tests declare it), so a group can only land on nodes
-of its type. On GPU clusters the device is {"GPU": 1}; on CPU-only machines {"CPU": 1}. An engine
-of TP t takes t consecutive bundles (its actor sits on the first; vLLM spawns the rest).
+The groups' shapes (bundles, their resources, the strategy) come from traces.placement, the same
+function `rlfleet export --to ray` prints; this module reserves them on a running Ray cluster.
 """
 
 from __future__ import annotations
@@ -12,13 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from traces import Plan, SpecError
+from traces.placement import STRATEGY, TYPE_RESOURCE, TYPE_SHARE, bundle, group_shapes
 
-TYPE_RESOURCE = "accelerator_type:{}"
-TYPE_SHARE = 0.001  # any positive amount pins the bundle to a node that has the type at all
-
-
-def bundle(gpu_type: str, gpus: bool) -> dict[str, float]:
-    return {"GPU" if gpus else "CPU": 1.0, TYPE_RESOURCE.format(gpu_type): TYPE_SHARE}
+__all__ = ["TYPE_RESOURCE", "TYPE_SHARE", "Group", "bundle", "place"]
 
 
 @dataclass(frozen=True)
@@ -48,12 +42,10 @@ def place(plan: Plan, *, gpus: bool, timeout_s: float = 60.0) -> list[Group]:
     import ray
     from ray.util.placement_group import placement_group
 
-    shape: list[tuple[str, str, int, int]] = [("rollout", g.gpu_type, g.instances, g.tp) for g in plan.rollout]
-    t = plan.trainer
-    shape.append(("train", t.gpu_type, t.gpus, 1))  # one actor per trainer rank
     groups = []
-    for role, gpu_type, actors, per_actor in shape:
-        pg = placement_group([bundle(gpu_type, gpus)] * (actors * per_actor), strategy="PACK")
+    for shape in group_shapes(plan):
+        role, gpu_type, actors, per_actor = shape.role, shape.gpu_type, shape.actors, shape.per_actor
+        pg = placement_group(shape.bundles(gpus), strategy=STRATEGY)
         ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
         if not ready:
             have = ray.cluster_resources().get(TYPE_RESOURCE.format(gpu_type), 0)

@@ -10,7 +10,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.api import Change, apply_change, plan_report
+from planner.api import plan_report
+from planner.sweeps import Change, apply_change
 from traces import Cluster, SpecError, Workload, get_gpu
 from traces.io import validate
 

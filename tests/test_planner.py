@@ -7,11 +7,11 @@ import random
 
 import pytest
 
-from planner.api import Change, pareto, plan_report, what_if
+from planner.api import plan_report
 from planner.candidates import Candidates, EngineOption, candidates
 from planner.explain import NoPlan
-from planner.export import verl_resource_pools
 from planner.milp import evaluate, solve_async_fixed, solve_colocated, solve_sync
+from planner.sweeps import Change, pareto, what_if
 from traces import Cluster, CostModel, Plan, SpecError, Workload, example_cluster, get_model
 from traces.workload import LengthDist
 
@@ -210,15 +210,6 @@ def test_report_simulates_ranked_plans_and_names_the_bottleneck() -> None:
     assert Plan.from_json(r.plan.to_json()) == r.plan
 
 
-def test_verl_export_lists_gpus_per_node_by_role() -> None:
-    plan = Plan(mode="async", staleness=1,
-                rollout=({"gpu_type": "H20", "tp": 2, "instances": 8, "nodes": (2, 3)},),
-                trainer={"gpu_type": "H800", "dp": 16, "nodes": (0, 1)})
-    spec = verl_resource_pools(plan, _h800_h20())
-    assert spec["resource_pool_spec"] == {"actor_H800": [8, 8], "rollout_H20_tp2": [8, 8]}
-    assert spec["mapping"]["Rollout"] == "rollout_H20_tp2" and spec["mapping"]["Actor"] == "actor_H800"
-
-
 def test_pareto_costs_rise_with_the_target() -> None:
     frame = pareto(_h800_h20(), _workload("qwen2.5-7b", prompts=32, group=8), points=4, cost_model=CM)
     assert len(frame) == 4
@@ -265,7 +256,7 @@ def test_cli_plan_json_and_plan_file(cli, write, tmp_path) -> None:  # type: ign
     assert r.code == 0, r.err
     data = r.json()
     for key in ("samples_per_s", "analytic_samples_per_s", "gpus", "cost_per_hour", "gap", "baselines",
-                "areal_allocation_mode", "verl"):
+                "exports"):
         assert key in data
     assert set(data["baselines"]) >= {"homogeneous", "split-75/25", "split-50/50", "colocated-sync"}
     plan = Plan.from_json(out.read_text())
@@ -278,7 +269,7 @@ def test_cli_plan_human_output_and_pareto(cli, write) -> None:  # type: ignore[n
     c, w = write("c.yaml", CLUSTER_YAML), write("w.yaml", WORKLOAD_YAML)
     r = cli("plan", "--cluster", str(c), "--workload", str(w), "--sim-steps", "2", "--no-baselines")
     assert r.code == 0, r.err
-    assert "trainer" in r.out and "samples/s simulated" in r.out and "AReaL allocation" in r.out
+    assert "trainer" in r.out and "samples/s simulated" in r.out and "rlfleet export" in r.out
     p = cli("plan", "--cluster", str(c), "--workload", str(w), "--objective", "pareto", "--json")
     assert p.code == 0 and len(p.json()["pareto"]) >= 2
 

@@ -138,7 +138,7 @@ def test_a_slow_linked_node_added_to_the_shipped_fleet_costs_nothing() -> None:
 
 
 def test_what_if_baseline_row_is_plans_answer() -> None:
-    from planner.api import what_if
+    from planner.sweeps import what_if
 
     cluster, workload = _random_fleet(random.Random(3))
     frame = what_if(cluster, workload, [], cost_model=CM)

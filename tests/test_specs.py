@@ -162,21 +162,6 @@ def test_plan_counts_gpus() -> None:
     assert plan.total_gpus == 80
 
 
-def test_areal_allocation_mode() -> None:
-    plan = _plan()
-    assert plan.areal_allocation_mode() == "vllm:d24t2+megatron:d8p2t2"
-    fsdp = plan.model_copy(update={"trainer": TrainerGroup(gpu_type="H800", dp=8)})
-    assert fsdp.areal_allocation_mode("sglang") == "sglang:d24t2+fsdp:d8"
-
-
-def test_areal_mode_refuses_mixed_tp() -> None:
-    plan = _plan().model_copy(update={"rollout": (RolloutGroup(gpu_type="H20", tp=1, instances=4),
-                                                  RolloutGroup(gpu_type="L40S", tp=2, instances=2))})
-    with pytest.raises(SpecError, match="different TP"):
-        plan.areal_allocation_mode()
-    assert plan.areal_allocation_modes() == {"H20": "vllm:d4t1", "L40S": "vllm:d2t2", "trainer": "megatron:d8p2t2"}
-
-
 def test_plan_schema_version_checked() -> None:
     text = _plan().to_json().replace('"schema_version": 1', '"schema_version": 99')
     with pytest.raises(SpecError, match="schema_version 99 is not supported"):

@@ -11,7 +11,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator, model_validator
 
-from traces.errors import SpecError
 from traces.hardware import canonical_gpu_name
 from traces.io import atomic_write_text, load_yaml, loads_json, validate
 
@@ -136,44 +135,6 @@ class Plan(BaseModel):
 
     def save(self, path: str | os.PathLike[str]) -> None:
         atomic_write_text(path, self.to_json())
-
-    # ---- exports -------------------------------------------------------------------------
-    def areal_allocation_mode(self, backend: str = "vllm") -> str:
-        """AReaL's allocation-mode string, e.g. ``vllm:d4t2+fsdp:d8``.
-
-        AReaL describes one rollout TP degree; plans whose groups differ in TP get one string
-        per GPU type from :meth:`areal_allocation_modes`.
-        """
-        tps = {g.tp for g in self.rollout}
-        if len(tps) != 1:
-            raise SpecError(
-                "rollout groups use different TP degrees; AReaL's allocation mode has one: "
-                "use areal_allocation_modes() for one string per GPU type"
-            )
-        engines = sum(g.instances for g in self.rollout)
-        gen = f"{backend}:d{engines}t{tps.pop()}"
-        if self.mode == "colocated":
-            return f"{gen}|{self._areal_trainer()}"
-        return f"{gen}+{self._areal_trainer()}"
-
-    def areal_allocation_modes(self, backend: str = "vllm") -> dict[str, str]:
-        """One AReaL rollout string per GPU type (per type and TP where a type has several), plus
-        the trainer under key 'trainer'."""
-        engines: dict[tuple[str, int], int] = {}
-        for g in self.rollout:
-            engines[(g.gpu_type, g.tp)] = engines.get((g.gpu_type, g.tp), 0) + g.instances
-        tps: dict[str, int] = {}
-        for gpu_type, _ in engines:
-            tps[gpu_type] = tps.get(gpu_type, 0) + 1
-        out = {(t if tps[t] == 1 else f"{t}-tp{tp}"): f"{backend}:d{n}t{tp}" for (t, tp), n in engines.items()}
-        out["trainer"] = self._areal_trainer()
-        return out
-
-    def _areal_trainer(self) -> str:
-        t = self.trainer
-        if t.tp == 1 and t.pp == 1:
-            return f"fsdp:d{t.dp}"
-        return f"megatron:d{t.dp}p{t.pp}t{t.tp}"
 
 
 def _span(nodes: tuple[int, ...]) -> str:

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from planner.commands.args import add_profile_arg, cost_model, emit, non_negative_seed, positive_float, positive_int
+from planner.exports import summary, summary_lines
 from traces import load_cluster, load_workload
 from traces.io import check_target
 from traces.records import recommended_steps
@@ -29,6 +30,9 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=non_negative_seed, default=0, help="simulation seed (default 0)")
     p.add_argument("--solver", choices=("auto", "highs", "cbc"), default="auto", help="MILP solver (default auto)")
     p.add_argument("--no-baselines", action="store_true", help="skip planning and simulating the baselines")
+    p.add_argument("--framework", choices=("areal", "verl"),
+                   help="search only plans this framework launches as they are (one rollout engine kind on whole "
+                        "nodes), so `rlfleet export` writes exactly the simulated plan; compared with the free plan")
     p.add_argument("--out", metavar="PLAN_JSON", help="write the chosen plan (traces plan format) here")
     add_profile_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -36,8 +40,8 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.api import pareto, plan_report
-    from planner.export import exports
+    from planner.api import plan_report
+    from planner.sweeps import pareto
 
     cluster, workload = load_cluster(args.cluster), load_workload(args.workload)
     if args.out:  # a bad output path is one line now, not after planning
@@ -54,11 +58,12 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write("planning: solving the MILP, then simulating the top plans and baselines...\n")
     report = plan_report(cluster, workload, objective=args.objective, budget=args.budget, target=args.target,
                          top_k=args.top_k, solver=args.solver, sim_steps=args.sim_steps, seed=args.seed,
-                         baselines=not args.no_baselines, cost_model=cost_model(args))
+                         baselines=not args.no_baselines, cost_model=cost_model(args), framework=args.framework)
     if args.out:
         report.plan.save(args.out)
-    summary = {**report.summary(), **exports(report.plan, cluster), "plan": report.plan.model_dump(mode="json")}
-    emit(summary, args.json, _lines(report, summary, args.out))
+    result = {**report.summary(), "exports": summary(report.plan, cluster, workload),
+               "plan": report.plan.model_dump(mode="json")}
+    emit(result, args.json, _lines(report, result, args))
     return 0
 
 
@@ -68,7 +73,7 @@ def _nodes(nodes: tuple[int, ...]) -> str:
     return f" (node {nodes[0]})" if len(nodes) == 1 else f" (nodes {nodes[0]}-{nodes[-1]})"
 
 
-def _lines(report: Any, summary: dict[str, Any], out: str | None) -> list[str]:
+def _lines(report: Any, summary: dict[str, Any], args: argparse.Namespace) -> list[str]:
     plan, s = report.plan, report.chosen.solution
     t = plan.trainer
     lines = [f"plan for {plan.workload or 'workload'} on {plan.cluster or 'cluster'}: {plan.mode}"
@@ -80,6 +85,12 @@ def _lines(report: Any, summary: dict[str, Any], out: str | None) -> list[str]:
     lines.append(f"  throughput {summary['samples_per_s']:.2f} samples/s simulated, {s.samples_per_s:.2f} analytic "
                  f"(LP bound {s.lp_bound:.2f}, gap {s.gap:.2%})")
     lines.append(f"  cost      ${s.cost_per_hour:,.2f}/h, ${summary['cost_per_1k_samples']:.3f} per 1k samples")
+    if report.restriction is not None:
+        r = report.restriction
+        free = r["unrestricted_samples_per_s"]
+        share = summary["samples_per_s"] / free if free > 0 else math.inf
+        lines.append(f"  restricted to what {r['framework']} launches: {r['rule']}; the unrestricted plan simulates "
+                     f"{free:.2f} samples/s at ${r['unrestricted_cost_per_hour']:,.2f}/h, this one {share:.1%} of it")
     marginal = ", ".join(f"{k} +{v:.3f}" for k, v in report.marginal.items())
     lines.append(f"  bottleneck {s.bottleneck}" + (f"; one more GPU adds (samples/s): {marginal}" if marginal else ""))
     if report.baselines:
@@ -90,8 +101,7 @@ def _lines(report: Any, summary: dict[str, Any], out: str | None) -> list[str]:
             beyond = "" if summary["baselines_within_fleet"][name] else ", more GPUs than this fleet has"
             lines.append(f"  {name:<16} {b.samples_per_s:8.2f} samples/s  ${b.solution.cost_per_hour:8.2f}/h  "
                          f"plan is {ratio:.2f}x  ({gpus}{beyond})")
-    mode = summary["areal_allocation_mode"]
-    lines.append(f"AReaL allocation: {mode if isinstance(mode, str) else ', '.join(mode.values())}")
-    if out:
-        lines.append(f"plan -> {out}")
+    lines += summary_lines(summary["exports"], args.out, args.cluster, args.workload)
+    if args.out:
+        lines.append(f"plan -> {args.out}")
     return lines

@@ -1,0 +1,83 @@
+"""`rlfleet export --to areal`: a YAML that merges into AReaL 1.0's `GRPOConfig`.
+
+AReaL 1.0 describes each engine by its own `backend` string (`rollout.backend: vllm:d20t4`,
+`actor.backend: fsdp:d64`; areal.api.alloc_mode.ModelAllocation parses them); the top-level
+`allocation_mode` is deprecated. Which nodes each role runs on is AReaL's own per-role field
+`scheduling_spec[0].nodelist`, which its Slurm scheduler passes to sbatch (areal/infra/scheduler/
+slurm.py), so the node lists live inside GRPOConfig and nothing is left over to a sidecar. AReaL's
+Ray scheduler has no GPU-type field: on Ray use `rlfleet export --to ray` for the placement.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from planner.exports.roles import Role, nodelist, rollout_role, trainer_role
+from traces import Cluster, Plan, SpecError, Workload
+
+RPC_SERVER = "python -m areal.infra.rpc.rpc_server"  # AReaL's default worker command (cli_args.SchedulingSpec)
+
+
+def backend(plan: Plan, role: Role) -> str:
+    """The ModelAllocation string of a role: vllm:d<engines>t<tp>, or fsdp:d<dp> / megatron:d<dp>p<pp>t<tp>."""
+    if role.name == "rollout":
+        return f"vllm:d{role.gpus // role.tp}t{role.tp}"
+    t = plan.trainer
+    if t.tp == 1 and t.pp == 1:
+        return f"fsdp:d{t.dp}"
+    return f"megatron:d{t.dp}p{t.pp}t{t.tp}"
+
+
+def _spec(role: Role, names: list[str]) -> list[dict[str, Any]]:
+    # gpu > 0 makes AReaL's controllers ask for the role's GPUs (they scale it by the instance size)
+    spec: dict[str, Any] = {"gpu": 1, "cmd": RPC_SERVER}
+    where = nodelist(role, names)
+    if where is not None:
+        spec["nodelist"] = where
+    return [spec]
+
+
+def config(plan: Plan, cluster: Cluster, workload: Workload, names: list[str]) -> dict[str, Any]:
+    rollout, trainer = rollout_role(plan, cluster, "areal"), trainer_role(plan, cluster)
+    if rollout.gpus_per_node != trainer.gpus_per_node:
+        raise SpecError(f"plan: rollout nodes have {rollout.gpus_per_node} GPUs and trainer nodes "
+                        f"{trainer.gpus_per_node}; AReaL's cluster.n_gpus_per_node is one number: "
+                        "re-plan with `rlfleet plan --framework areal`")
+    colocated = plan.mode == "colocated"
+    nodes = trainer.whole_nodes if colocated else trainer.whole_nodes + rollout.whole_nodes
+    out: dict[str, Any] = {
+        "experiment_name": re.sub(r"[_/]", "-", workload.name),  # AReaL: no '_' or '/'
+        "trial_name": re.sub(r"[-/]", "_", f"{plan.cluster or cluster.name}_{plan.mode}"),  # no '-' or '/'
+        "cluster": {"n_nodes": nodes, "n_gpus_per_node": trainer.gpus_per_node},
+        "rollout": {"backend": backend(plan, rollout), "max_head_offpolicyness": plan.staleness,
+                    "scheduling_spec": _spec(rollout, names)},
+        "actor": {"backend": backend(plan, trainer), "ppo_n_minibatches": workload.ppo_minibatches,
+                  "scheduling_spec": _spec(trainer, names)},
+        "train_dataset": {"batch_size": workload.prompts_per_step},
+        "gconfig": {"n_samples": workload.group_size, "max_new_tokens": workload.response_len.max,
+                    "max_tokens": workload.max_seq_len},
+    }
+    # the names AReaL's sections need, tied to the top-level ones as AReaL's example configs do
+    names_of = {"experiment_name": "${experiment_name}", "trial_name": "${trial_name}"}
+    for section in ("saver", "evaluator", "stats_logger", "recover"):
+        out[section] = {**names_of, "fileroot": "${cluster.fileroot}"}
+    out["actor"].update(names_of)
+    out["rollout"].update(names_of)
+    if plan.max_concurrent_rollouts is not None:
+        out["rollout"]["max_concurrent_rollouts"] = plan.max_concurrent_rollouts
+    if colocated:
+        # the actor starts first (areal/trainer/rl_trainer.py), so the rollout joins its workers
+        out["rollout"]["scheduling_strategy"] = {"type": "colocation", "target": "actor"}
+        out["rollout"]["scheduling_spec"][0].pop("nodelist", None)
+    return out
+
+
+def header(plan: Plan, cluster: Cluster, names: list[str]) -> list[str]:
+    rollout, trainer = rollout_role(plan, cluster, "areal"), trainer_role(plan, cluster)
+    return [f"AReaL 1.0 GRPOConfig fields for the {plan.mode} plan of {plan.workload or 'the workload'} on "
+            f"{plan.cluster or cluster.name} (merge into your experiment YAML)",
+            f"rollout: {rollout.gpus // rollout.tp} x {rollout.gpu_type} TP{rollout.tp} engines"
+            + (f" on {nodelist(rollout, names)}" if rollout.nodes else ""),
+            f"trainer: {trainer.gpus} {trainer.gpu_type}"
+            + (f" on {nodelist(trainer, names)}" if trainer.nodes else "")]
