@@ -35,6 +35,7 @@ from runtime.records import RunRecorder, commit_checkpoint, trainer_checkpoint_p
 from runtime.task import AdditionTask
 from runtime.trainer import Rollout, StepStats
 from traces.records import length_histogram
+from traces.routing import Router
 from traces.staleness import Admitted, CapacityController
 
 
@@ -117,27 +118,27 @@ class Controller:
         n = self.config.group_size
         version = self.ctl.version
         open_engines = [e for e in engines if e.accepting(version)]
-        loads = {e.name: e.load() for e in open_engines}
-
-        def place(request: Request) -> None:
-            target = min((e for e in open_engines if loads[e.name] < e.capacity()), key=lambda e: loads[e.name])
-            target.submit([request])
-            loads[target.name] += 1
-            self._pending.add(request.sid)
-
-        routed = False
-        while self._retry and any(loads[e.name] < e.capacity() for e in open_engines):
-            place(self._retry.popleft())
-            routed = True
-        while self.ctl.allowance() > 0 and sum(e.capacity() - loads[e.name] for e in open_engines) >= n:
+        loads = [e.load() for e in open_engines]
+        caps = [e.capacity() for e in open_engines]
+        free = sum(max(0, c - load) for c, load in zip(caps, loads, strict=True))
+        requests: list[Request] = []
+        while self._retry and len(requests) < free:
+            requests.append(self._retry.popleft())
+        while self.ctl.allowance() > 0 and free - len(requests) >= n:
             uid, start = self.ctl.admit()
             prompt = self.task.sample(self.rng)
             self.groups[uid] = _Group(uid, start, prompt)
             ids = tuple(self.tokenizer.encode(prompt))
-            for j in range(n):
-                place(Request(uid * n + j, ids, self.task.max_new_tokens))
-            routed = True
-        return routed
+            requests.extend(Request(uid * n + j, ids, self.task.max_new_tokens) for j in range(n))
+        if not requests:
+            return False
+        # The simulator's routing rule (traces.routing). The engines' iteration times are not known
+        # here, so each engine's key is its load: the rule is then least-load, ties to the first engine.
+        router = Router([list(map(float, range(c + 1))) for c in caps], caps)
+        for request, e in zip(requests, router.route(len(requests), [True] * len(caps), loads), strict=True):
+            open_engines[e].submit([request])
+            self._pending.add(request.sid)
+        return True
 
     def requeue(self, requests: Sequence[Request]) -> None:
         """Samples lost with their engine: route them again (ahead of new groups, oldest group first)."""

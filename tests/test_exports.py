@@ -15,7 +15,7 @@ import yaml
 from planner.api import PlanReport, plan_report
 from planner.exports import data, render
 from planner.exports.verl import RECIPES
-from traces import Cluster, CostModel, Plan, SpecError, Workload, example_cluster, example_workload
+from traces import Cluster, CostModel, Plan, SpecError, Workload, example_cluster, example_workload, load_plan
 
 areal_cli = pytest.importorskip("areal.api.cli_args", reason="make test installs AReaL (the frameworks stamp)")
 alloc = pytest.importorskip("areal.api.alloc_mode", reason="make test installs AReaL (the frameworks stamp)")
@@ -133,10 +133,11 @@ def test_unrestricted_plan_exports_or_names_the_replan(case: str) -> None:
             assert f"--framework {framework}" in str(exc) and "\n" not in str(exc)
     for target in ("ray", "slurm"):
         assert render(target, plan, cluster, workload)
-    if case == "mixed":  # three engine kinds: neither framework runs that
+    if case == "mixed":  # the shipped plan has two engine kinds (H20 and L40S): neither framework runs that
+        shipped = load_plan("traces/data/plans/mixed-async.json")
         for framework in LOADERS:
             with pytest.raises(SpecError, match="mixes engine kinds"):
-                data(framework, plan, cluster, workload)
+                data(framework, shipped, cluster, workload)
 
 
 # ---- Slurm ---------------------------------------------------------------------------------------
@@ -184,10 +185,8 @@ def test_ray_export_is_what_rlfleet_run_reserves() -> None:
 def test_cli_export_writes_and_refuses_in_one_line(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     cluster_file, workload_file = (str(Path("traces/data") / p) for p in (
         "clusters/mixed-h800-h20-l40s.yaml", "workloads/qwen2.5-7b-grpo-longtail.yaml"))
-    _, _, free = _planned("mixed", None)
     _, _, areal_ = _planned("mixed", "areal")
-    mixed, fits = tmp_path / "mixed.json", tmp_path / "areal.json"
-    free.plan.save(mixed)
+    mixed, fits = "traces/data/plans/mixed-async.json", tmp_path / "areal.json"  # the shipped plan: two engine kinds
     areal_.plan.save(fits)
     args = ("--cluster", cluster_file, "--workload", workload_file)
     bad = cli("export", str(mixed), *args, "--to", "areal")
