@@ -1,7 +1,8 @@
 """The calibration set: public measurements, one cited row each, that the cost model may be fitted to.
 
-Rows live in ``traces/data/calibration/<kind>.csv`` (columns in that folder's README.md); sources
-kept out of the set for judging the model from outside are in ``reserved.yaml`` there.
+Rows live in ``traces/data/calibration/<kind>.csv`` (columns in that folder's README.md). The sources
+the fidelity issue reserves for judging the model from outside are not in the set (K6's one row
+aside, which the issue allows).
 """
 
 from __future__ import annotations
@@ -10,14 +11,13 @@ import csv
 import io
 import os
 from datetime import date
-from functools import cache
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from traces.errors import SpecError
-from traces.io import data_files, data_text, load_yaml_text, read_user_text, validate
+from traces.io import data_files, data_text, read_user_text, validate
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -74,40 +74,6 @@ class CalibrationRow(BaseModel):
         if self.kind == "rl_step" and self.mode is None:
             raise ValueError("an rl_step row needs mode; set it to colocated or disaggregated")
         return self
-
-
-class ReservedSource(BaseModel):
-    """A public source held back from calibration; `patterns` are substrings that must all appear."""
-
-    model_config = _FROZEN
-
-    name: str = Field(min_length=1)
-    patterns: tuple[tuple[str, ...], ...] = Field(min_length=1)
-    allowed: tuple[str, ...] = ()
-
-    def matches(self, source: str) -> bool:
-        text = source.lower()
-        return any(all(part.lower() in text for part in pattern) for pattern in self.patterns)
-
-
-class _ReservedList(BaseModel):
-    model_config = _FROZEN
-    reserved: tuple[ReservedSource, ...]
-
-
-@cache
-def reserved_sources() -> tuple[ReservedSource, ...]:
-    """The shipped list of sources that no calibration row may cite."""
-    origin = "calibration/reserved.yaml"
-    return validate(_ReservedList, load_yaml_text(data_text(origin), origin), origin).reserved
-
-
-def reserved_hit(row: CalibrationRow) -> str | None:
-    """Name of the reserved source a row cites without leave, or None."""
-    for entry in reserved_sources():
-        if entry.matches(row.source) and row.id not in entry.allowed:
-            return entry.name
-    return None
 
 
 def parse_calibration_csv(text: str, origin: str) -> tuple[CalibrationRow, ...]:
