@@ -20,6 +20,7 @@ from planner.milp import Mode, Objective, Solution, solve, solve_colocated
 from planner.placement import reprice_sync, to_plan
 from sim import SimResult, simulate
 from traces import Cluster, CostModel, Plan, SpecError, Workload
+from traces.plan_check import count_problems
 from traces.progress import bar
 from traces.records import recommended_steps
 
@@ -235,8 +236,7 @@ def _meet_target(cm: CostModel, cluster: Cluster, workload: Workload, ranked: tu
 
 def within(cluster: Cluster, plan: Plan) -> bool:
     """Whether the cluster has the GPUs the plan uses (a budget-equal baseline may not)."""
-    have = cluster.gpu_counts
-    return all(n <= have.get(t, 0) for t, n in plan.gpus_in_use.items())
+    return not count_problems(cluster, plan)
 
 
 def _without_slow_links(cm: CostModel, cluster: Cluster, workload: Workload, mode: Mode, objective: Objective,

@@ -24,7 +24,7 @@ from traces import Cluster, CostModel, Plan, Workload
 from traces.costmodel import COLUMNS, DEFAULT_EFFICIENCY, Efficiency, ProfileTable
 from traces.costmodel.fit import Case, fit
 from traces.errors import SpecError
-from traces.links import groups_under, sync_path_bytes_per_s
+from traces.links import sync_path_bytes_per_s, trainer_network
 from traces.records import recommended_steps
 
 # Fitted fields and how far they may move for arbitrary hardware.
@@ -92,10 +92,8 @@ def profile_rows(cal: Calibration, cluster: Cluster, workload: Workload, plan: P
     t = plan.trainer
     gpu = cluster.resolve(t.gpu_type)
     batch_tokens = workload.samples_per_step * workload.mean_tokens_per_sample
-    under = groups_under(cluster, t.gpu_type, t.nodes)  # the network the simulator prices the trainer on
     kw = {"seq_len": workload.mean_tokens_per_sample, "microbatch_tokens": longest, "zero_stage": t.zero_stage,
-          "gpus_per_node": under[0].gpus_per_node, "inter_node_bytes_per_s": min(g.inter_node_gb_per_s
-                                                                                 for g in under) * 1e9}
+          **trainer_network(cluster, plan)}  # as the simulator prices the trainer
     for tokens in np.unique(np.geomspace(max(1.0, batch_tokens / 64), batch_tokens * 4, 12).astype(int)):
         rows.append((gpu.name, "train", t.tp, t.pp, t.dp, 1, 0, int(tokens),
                      float(cm.train(gpu, model, t.dp, t.tp, t.pp, int(tokens), recompute=t.recompute, **kw).seconds)))

@@ -23,7 +23,7 @@ from sim.samples import Samples
 from sim.trainer import Trainer
 from traces import Cluster, CostModel, Plan, SpecError, Workload
 from traces.costmodel.rl import trainer_step_seconds
-from traces.links import groups_under, sync_path_bytes_per_s
+from traces.links import sync_path_bytes_per_s, trainer_network
 from traces.plan import RolloutGroup
 from traces.plan_check import check_plan
 from traces.pricing import plan_price_per_hour
@@ -72,9 +72,7 @@ def _engine_specs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Pla
 def _step_costs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan
                 ) -> Callable[[int], tuple[float, float]]:
     t = plan.trainer
-    groups = groups_under(cluster, t.gpu_type, t.nodes)  # the trainer's own nodes' network, not its type's slowest
-    kw = {"zero_stage": t.zero_stage, "recompute": t.recompute, "gpus_per_node": groups[0].gpus_per_node,
-          "inter_node_bytes_per_s": min(g.inter_node_gb_per_s for g in groups) * 1e9}
+    kw = {"zero_stage": t.zero_stage, "recompute": t.recompute, **trainer_network(cluster, plan)}
 
     gpu = cluster.gpu(t.gpu_type)
     memo: dict[int, tuple[float, float]] = {}  # steps of fixed-length samples repeat their token count

@@ -35,3 +35,11 @@ def sync_path_bytes_per_s(cluster: Cluster, plan: Plan) -> float:
     trainer = groups_under(cluster, plan.trainer.gpu_type, plan.trainer.nodes)
     return min((link_bytes_per_s(cluster, t, e) for g in plan.rollout
                 for e in groups_under(cluster, g.gpu_type, g.nodes) for t in trainer), default=math.inf)
+
+
+def trainer_network(cluster: Cluster, plan: Plan) -> dict[str, float]:
+    """The trainer's node size and per-GPU network between its nodes, from the nodes it sits on
+    (not its GPU type's slowest group): the keywords the cost model's train and logprob take."""
+    groups = groups_under(cluster, plan.trainer.gpu_type, plan.trainer.nodes)
+    return {"gpus_per_node": groups[0].gpus_per_node,
+            "inter_node_bytes_per_s": min(g.inter_node_gb_per_s for g in groups) * 1e9}

@@ -19,6 +19,8 @@ import os
 from pathlib import Path
 
 from traces.errors import SpecError
+from traces.io import read_user_text
+from traces.records import MAX_RECORD_BYTES
 
 PHASES = ("wait", "switch", "logprob", "train", "sync", "step")
 # verl's names for each phase (summed where a phase has several: logprob = old policy + reference).
@@ -60,13 +62,7 @@ def _number(path: Path, step: int, key: str, value: object) -> float:
 def read_phase_log(path: str | os.PathLike[str]) -> list[dict[str, float]]:
     """Per-step phase seconds from a verl-style metrics file (JSONL or CSV with `timing_s/...` columns)."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(f"{p}: no such file; check the path") from None
-    except (IsADirectoryError, UnicodeDecodeError, OSError) as exc:
-        raise SpecError(f"{p}: cannot read it as text ({type(exc).__name__}); give a .jsonl or .csv file") from None
-    rows = _rows(p, text)
+    rows = _rows(p, read_user_text(p, MAX_RECORD_BYTES))  # a run's metrics: the cap of run records
     out = []
     for i, row in enumerate(rows):
         step: dict[str, float] = {}

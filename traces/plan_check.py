@@ -75,11 +75,9 @@ def _known(cluster: Cluster, gpu_type: str) -> str:
         return gpu_type
 
 
-def plan_problems(cluster: Cluster, workload: Workload | None, plan: Plan) -> list[str]:
-    """Every way the plan does not fit the cluster or the workload (empty: it does); without a
-    workload, only what the cluster alone decides (no head counts, no policy)."""
-    out: list[str] = []
-    have = cluster.gpu_counts
+def count_problems(cluster: Cluster, plan: Plan) -> list[str]:
+    """GPU types the cluster lacks, or has fewer of than the plan uses (empty: it holds the plan)."""
+    have, out = cluster.gpu_counts, []
     for given, n in plan.gpus_in_use.items():
         gpu_type = _known(cluster, given)
         if gpu_type not in have:
@@ -87,6 +85,15 @@ def plan_problems(cluster: Cluster, workload: Workload | None, plan: Plan) -> li
                        f"(it has {', '.join(have)})")
         elif n > have[gpu_type]:
             out.append(f"plan uses {n} {gpu_type} GPUs but cluster '{cluster.name}' has {have[gpu_type]}")
+    return out
+
+
+def plan_problems(cluster: Cluster, workload: Workload | None, plan: Plan) -> list[str]:
+    """Every way the plan does not fit the cluster or the workload (empty: it does); without a
+    workload, only what the cluster alone decides (no head counts, no policy)."""
+    out: list[str] = []
+    have = cluster.gpu_counts
+    out += count_problems(cluster, plan)
     model = workload.model if workload is not None else None
     t = plan.trainer
     if plan.mode == "colocated":
