@@ -4,8 +4,8 @@ Given the run's cluster, workload and plan and its measured per-step phases (fro
 timeline, or verl's `timing_s/*` metrics), the simulator predicts the same phases
 (sim.breakdown) and traces.costmodel.fit moves the efficiency factors until they match: the
 trainer's matmul efficiency from the logprob and train phases, the weight push's fixed cost from
-sync, the engines' memory and matmul efficiencies and per-iteration overhead from the step (its
-generation-bound part). The bounds are wider than the catalog fit's: a user's hardware may be
+sync, the engines' memory and matmul efficiencies and per-iteration overhead from generation
+(verl's timing_s/gen, where the trainer waits for it) and the step. The bounds are wider than the catalog fit's: a user's hardware may be
 anything (a CPU core, a throttled GPU). The result is written as cost-table rows at the run's
 shapes, which `--profile` then takes.
 """
@@ -31,8 +31,10 @@ from traces.records import recommended_steps
 WIDE = {"matmul": (1e-3, 1.0), "memory": (1e-3, 1.0), "decode_overhead_s": (1e-5, 1.0),
         "train_matmul": (1e-3, 1.0), "sync_fixed_s": (1e-4, 60.0), "sync_per_tensor_s": (1e-7, 1e-2)}
 # Which phase informs which fields (a phase with no measurement leaves its fields alone).
-INFORMS = {"logprob": ("train_matmul",), "train": ("train_matmul",), "sync": ("sync_fixed_s", "sync_per_tensor_s"),
-           "step": ("memory", "matmul", "decode_overhead_s")}
+# `wait` is generation where the trainer waits for it (verl's timing_s/gen: sync and colocated modes).
+ENGINE = ("memory", "matmul", "decode_overhead_s")
+INFORMS = {"wait": ENGINE, "logprob": ("train_matmul",), "train": ("train_matmul",),
+           "sync": ("sync_fixed_s", "sync_per_tensor_s"), "step": ENGINE}
 
 
 @dataclass(frozen=True)

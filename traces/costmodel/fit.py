@@ -30,7 +30,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "prefill_overhead_s": (1e-4, 0.05),
     "train_matmul": (0.2, 1.0),
     "train_half_tokens": (1.0, 16384.0),
-    "comm_overlap": (0.0, 0.99),
+    "comm_overlap": (0.01, 0.99),  # log-space fit: a floor above 0
     "collective_latency_s": (1e-6, 1e-3),
     "sync_fixed_s": (1e-3, 1.0),
     "sync_per_tensor_s": (1e-6, 5e-3),
@@ -72,7 +72,8 @@ def fit(cases: Sequence[Case], fields: Iterable[str], *, start: Efficiency = DEF
         raise SpecError("nothing to fit: no case is marked fitted")
     lo = np.log([bounds[n][0] for n in names])
     hi = np.log([bounds[n][1] for n in names])
-    x0 = np.clip(np.log([float(getattr(start, n)) for n in names]), lo + 1e-9, hi - 1e-9)
+    # A field off by default (e.g. train_half_tokens = 0) starts at its lower bound: log(0) is not a start.
+    x0 = np.clip(np.log([max(float(getattr(start, n)), bounds[n][0]) for n in names]), lo + 1e-9, hi - 1e-9)
 
     def efficiency(x: np.ndarray) -> Efficiency:
         return replace(start, **{n: float(math.exp(v)) for n, v in zip(names, x, strict=True)})

@@ -48,6 +48,18 @@ class Lookup:
     nearest_seconds: np.ndarray
 
 
+def _gpu_name(name: str) -> str:
+    """A catalog type's canonical name; any other name as written: a cluster file's own GPU type
+    (`gpus:`), e.g. a profile `rlfleet calibrate` wrote for it. Rows are looked up by the resolved
+    type's name, so rows of a type no cluster declares are simply never used."""
+    try:
+        return get_gpu(name).name
+    except SpecError:
+        if not name.strip() or name == "nan":
+            raise
+        return name.strip()
+
+
 @dataclass(frozen=True)
 class ProfileTable:
     frame: pd.DataFrame = field(repr=False)
@@ -94,7 +106,7 @@ class ProfileTable:
         if not np.isfinite(numbers).all() or (numbers > MAX_AXIS).any():
             raise SpecError(f"{origin}: tp, pp, dp, batch, context, tokens and seconds must be finite numbers "
                             f"up to {MAX_AXIS:g}; fix the row")
-        out["gpu_type"] = [get_gpu(str(g)).name for g in out["gpu_type"]]
+        out["gpu_type"] = [_gpu_name(str(g)) for g in out["gpu_type"]]
         out["model"] = out["model"].astype(str).str.lower()
         return cls(out.reset_index(drop=True))
 
