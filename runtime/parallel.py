@@ -55,7 +55,15 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import PreTrainedModel
 
 from runtime.sync import SyncGroup
-from runtime.tensor_parallel import average_gradients, clip_grad_norm, full, mesh_for, shard_like, tensor_parallelize
+from runtime.tensor_parallel import (
+    average_gradients,
+    check_tp,
+    clip_grad_norm,
+    full,
+    mesh_for,
+    shard_like,
+    tensor_parallelize,
+)
 from runtime.trainer import (
     Packed,
     Rollout,
@@ -67,13 +75,13 @@ from runtime.trainer import (
     logprobs_and_entropy,
     minibatch_rows,
     pack,
-    read_checkpoint,
-    write_checkpoint,
+    read_trainer_file,
+    write_trainer_file,
 )
 from traces.errors import SpecError
 
-__all__ = ["DataParallelTrainer", "Wrap", "backend_for", "check_dp", "default_device", "host_dp_store",
-           "init_dp_group", "minibatch_rows", "shard_rows", "step_fingerprint"]
+__all__ = ["DataParallelTrainer", "Wrap", "backend_for", "check_dp", "check_pp", "check_trainer_shape",
+           "default_device", "host_dp_store", "init_dp_group", "minibatch_rows", "shard_rows", "step_fingerprint"]
 
 # ddp: a full replica per rank, gradients all-reduced. fsdp: FSDP2's fully_shard, parameters, gradients and
 # Adam state sharded over the ranks (memory / dp), weights all-gathered for each forward
@@ -134,6 +142,22 @@ def check_dp(dp: int, prompts_per_step: int) -> None:
     if dp < 1 or prompts_per_step % dp:
         raise SpecError(f"trainer dp={dp} cannot share a step's {prompts_per_step} GRPO groups equally; "
                         f"use a dp that divides {prompts_per_step}")
+
+
+def check_pp(pp: int) -> None:
+    """SpecError unless pp is 1: pipeline stages are not built in the runtime."""
+    if pp != 1:
+        raise SpecError(f"trainer pp={pp}: pipeline parallelism is not built in the runtime; use pp 1 "
+                        "(dp x tp ranks)")
+
+
+def check_trainer_shape(dp: int, tp: int, pp: int, prompts_per_step: int, heads: int, kv_heads: int,
+                        intermediate: int) -> None:
+    """SpecError, before any actor starts, unless the runtime can train a trainer of this shape: dp ranks
+    that share the step's groups (`check_dp`), a tp that splits the model (`check_tp`), and pp 1."""
+    check_pp(pp)
+    check_dp(dp, prompts_per_step)
+    check_tp(tp, heads, kv_heads, intermediate)
 
 
 def step_fingerprint(rollouts: Sequence[Rollout], seed: int, version: int, config: TrainConfig) -> int:
@@ -237,12 +261,12 @@ class DataParallelTrainer(Trainer):
         self._refuse_sharded_checkpoint()
         state = self.checkpoint_state()
         if self.tp == 1 or self.rank == 0:
-            write_checkpoint(path, state)
+            write_trainer_file(path, state)
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
         """Every rank reads the one file; with tp > 1 each cuts its shards of the weights and moments from it."""
         self._refuse_sharded_checkpoint()
-        state = read_checkpoint(path)
+        state = read_trainer_file(path)
         if self.tp > 1:
             current = self.model.state_dict()
             params = [p for g in self.optimizer.param_groups for p in g["params"]]

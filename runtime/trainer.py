@@ -138,14 +138,14 @@ class Packed:
         return Packed(*(t.to(device) for t in (self.ids, self.attention, self.response, self.behav, self.versions)))
 
 
-def write_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> None:
+def write_trainer_file(path: str | os.PathLike[str], state: dict[str, Any]) -> None:
     """One file, written whole or not at all (a crash leaves the old checkpoint)."""
     buf = io.BytesIO()
     torch.save(state, buf)
     atomic_write_bytes(path, buf.getvalue())
 
 
-def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+def read_trainer_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain types only
 
 
@@ -267,7 +267,7 @@ class Trainer:
     def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
         """Everything a resumed run needs to take the next step as this one would, in one file written so
         a crash leaves the old checkpoint whole (`checkpoint_state`)."""
-        write_checkpoint(path, self.checkpoint_state())
+        write_trainer_file(path, self.checkpoint_state())
 
     def checkpoint_state(self) -> dict[str, Any]:
         """Weights, Adam's moments and step counters, the version (the LR schedule is a function of it), the
@@ -277,7 +277,7 @@ class Trainer:
                 "torch_rng": torch.get_rng_state()}
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
-        self.restore(read_checkpoint(path))
+        self.restore(read_trainer_file(path))
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from a `checkpoint_state` (as read back from its file)."""

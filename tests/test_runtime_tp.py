@@ -7,7 +7,10 @@ The NCCL path on GPUs is wired the same way (runtime.tensor_parallel) but cannot
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +19,12 @@ import torch
 import torch.multiprocessing as mp
 from test_runtime_parallel import MULTI_STEP, SEED, TOK, _assert_steps_equal, _assert_weights_equal, _batch, _model
 
+from runtime.model import load_model
 from runtime.parallel import DataParallelTrainer, host_dp_store, init_dp_group
+from runtime.records import read_metrics, trainer_checkpoint_path
 from runtime.tensor_parallel import check_tp, tp_plan
 from runtime.trainer import Trainer
+from runtime.trainer_worker import weights_sha256
 from traces import SpecError
 
 BATCHES = [_batch(s) for s in range(3)]
@@ -145,3 +151,43 @@ def test_a_plan_style_the_trainer_does_not_apply_is_refused() -> None:
     model.config.base_model_tp_plan = {}
     with pytest.raises(SpecError, match="no tensor-parallel plan"):
         tp_plan(model)
+
+
+PLAN = json.loads(Path("traces/data/plans/toy-cpu.json").read_text())
+TP2_ONE_ENGINE = {**PLAN, "rollout": [{"gpu_type": "CPU", "tp": 1, "instances": 1}],
+                  "trainer": {"gpu_type": "CPU", "dp": 1, "tp": 2, "pp": 1}}
+
+
+def test_rlfleet_run_trains_on_two_tensor_parallel_ranks(cli: Callable[..., Any], write: Callable[[str, str], Path],
+                                                         tmp_path: Path) -> None:
+    """Real Ray on loopback: two rank actors split the model; the engine loads the gathered (full) weights
+    every step; rank 0 writes the checkpoint it gathered with the other rank called in."""
+    plan, out, steps = write("tp2.json", json.dumps(TP2_ONE_ENGINE)), tmp_path / "run", 2
+    res = cli("run", str(plan), "--steps", str(steps), "--out", str(out), "--json")
+    assert res.code == 0, res.err
+    run = res.json()
+    print(f"\ntp=2: {steps} steps in {run['seconds']:.1f} s, ranks "
+          f"{[(r['rank'], r['pid'], r['steps_trained']) for r in run['trainer_ranks']]}")
+    assert (run["executor"], run["trainer_dp"], run["trainer_tp"], run["version"]) == ("ray", 1, 2, steps)
+    ranks = run["trainer_ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1] and len({r["pid"] for r in ranks}) == 2
+    assert {r["steps_trained"] for r in ranks} == {steps} and {r["version"] for r in ranks} == {steps}
+    assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]  # both gathered the same full weights
+    assert run["max_staleness"] <= run["staleness_bound"]  # the engine took each version's weights
+    assert [r["step"] for r in read_metrics(out)] == list(range(steps))
+    plain = Trainer(load_model(out / "initial_model"), TOK.pad_id)
+    plain.load_checkpoint(trainer_checkpoint_path(out, steps))  # whole tensors, the plain Trainer's layout
+    assert (plain.version, plain.optimizer_steps()) == (steps, steps * plain.config.minibatches)
+    assert weights_sha256(plain.weights()) == ranks[0]["weights_sha256"]
+
+
+@pytest.mark.parametrize(("trainer", "message"), [
+    ({"dp": 1, "tp": 1, "pp": 2}, "trainer pp=2: pipeline parallelism is not built"),
+    ({"dp": 1, "tp": 4, "pp": 1}, "trainer tp=4 cannot split the model's 2 KV heads"),
+])
+def test_rlfleet_run_refuses_a_trainer_shape_it_cannot_run_before_ray_starts(
+        cli: Callable[..., Any], write: Callable[[str, str], Path], trainer: dict[str, int], message: str) -> None:
+    plan = write("bad.json", json.dumps({**PLAN, "trainer": {"gpu_type": "CPU", **trainer}}))
+    res = cli("run", str(plan), "--steps", "1")
+    assert res.code == 2 and message in res.err and len(res.err.strip().splitlines()) == 1
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
