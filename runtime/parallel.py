@@ -26,12 +26,11 @@ normalisation holds). Under fsdp, `weights()` all-gathers, so every rank must ca
 checkpoints are refused (they need torch.distributed.checkpoint, not wired).
 
 Tensor parallelism (`tp` > 1, runtime.tensor_parallel): the dp * tp ranks form a (dp, tp) mesh. A rank's
-rows are those of its dp coordinate (the tp ranks of one dp group train the same rows), each of them holds
-1/tp of the attention heads and MLP columns; the loss scale is the dp, as above, the gradients are averaged
-over the dp group here (DDP wraps plain-tensor parameters; its DTensor
-composition is a private torch hook) and the statistics summed over it. A tp step's weights and
-`StepStats` equal the tp=1 `Trainer`'s within float summation order. Grad-norm clipping takes the global
-norm over the shards (`clip_grad_norm`).
+rows are those of its dp coordinate (the tp ranks of one dp group train the same rows), and it holds 1/tp
+of the attention heads and MLP columns. The loss is scaled by dp, as above; the gradients are averaged over
+the dp group here (DDP wraps plain-tensor parameters; its DTensor composition is a private torch hook) and
+the statistics summed over it. A tp step's weights and `StepStats` equal the tp=1 `Trainer`'s within float
+summation order; grad-norm clipping takes the global norm over the shards (`clip_grad_norm`).
 
 Process group: torch's default group (`init_dp_group`), separate from runtime.sync's weight-sync group,
 which is a `ProcessGroupGloo` of its own. Device and backend: CUDA and NCCL where a GPU exists (Ray gives
