@@ -92,17 +92,18 @@ def join_sync_group(trainer: Any, engines: Sequence[Any], host: str, port: int, 
 def start_fleet(groups: Sequence[Group], model: PreTrainedModel | str, tokenizer: CharTokenizer,
                 train: TrainConfig, seed: int, max_batch: int, interruptible: bool,
                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = SYNC_TIMEOUT_S,
-                spawn: Spawn | None = None) -> tuple[list[EngineHandle], list[Any]]:
+                spawn: Spawn | None = None, tp: int = 1) -> tuple[list[EngineHandle], list[Any]]:
     """Engines and every trainer rank on their placement groups; the engines and trainer rank 0 (alone:
     the other ranks hold the same weights) joined in one sync group. (engine handles, trainer ranks).
-    `spawn`: the engine_spawner of these arguments, where the caller keeps one to replace engines."""
+    `spawn`: the engine_spawner of these arguments, where the caller keeps one to replace engines. `tp`: the
+    trainer's tensor parallelism (its group holds dp * tp bundles)."""
     import ray
 
     spawn = spawn or engine_spawner(groups, model, tokenizer, seed, max_batch, interruptible)
     engines = sum(g.actors for g in groups if g.role == "rollout")
     actors = [spawn(k) for k in range(engines)]
     ranks = start_trainers(next(g for g in groups if g.role == "train"), model, tokenizer.pad_id, train, seed,
-                           timeout_s)
+                           timeout_s, tp)
     trainer = ranks[0]
     host, port = ray.get(trainer.open_sync.remote(len(actors) + 1, timeout_s))
     ray.get(join_sync_group(trainer, actors, host, port, bucket_bytes, timeout_s))

@@ -1,4 +1,5 @@
-"""Data-parallel trainer ranks: each of dp processes holds a replica; DDP averages the gradients.
+"""Data-parallel trainer ranks (each of dp processes holds a replica; DDP averages the gradients), composed
+with tensor parallelism over a (dp, tp) mesh.
 
 The contract: a dp=k step on a batch gives the weights and `StepStats` of a dp=1 `Trainer` step on the
 same batch (up to float summation order). How:
@@ -24,6 +25,13 @@ gradients and Adam state sharded over the ranks; it too averages gradients over 
 normalisation holds). Under fsdp, `weights()` all-gathers, so every rank must call it together, and
 checkpoints are refused (they need torch.distributed.checkpoint, not wired).
 
+Tensor parallelism (`tp` > 1, runtime.tensor_parallel): the dp * tp ranks form a (dp, tp) mesh. A rank's
+rows are those of its dp coordinate (the tp ranks of one dp group train the same rows), and it holds 1/tp
+of the attention heads and MLP columns. The loss is scaled by dp, as above; the gradients are averaged over
+the dp group here (DDP wraps plain-tensor parameters; its DTensor composition is a private torch hook) and
+the statistics summed over it. A tp step's weights and `StepStats` equal the tp=1 `Trainer`'s within float
+summation order; grad-norm clipping takes the global norm over the shards (`clip_grad_norm`).
+
 Process group: torch's default group (`init_dp_group`), separate from runtime.sync's weight-sync group,
 which is a `ProcessGroupGloo` of its own. Device and backend: CUDA and NCCL where a GPU exists (Ray gives
 each trainer actor one GPU, which it sees as device 0), CPU and gloo otherwise. Only the CPU/gloo path is
@@ -38,7 +46,7 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -46,6 +54,15 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import PreTrainedModel
 
 from runtime.sync import SyncGroup
+from runtime.tensor_parallel import (
+    average_gradients,
+    check_tp,
+    clip_grad_norm,
+    full,
+    mesh_for,
+    shard_like,
+    tensor_parallelize,
+)
 from runtime.trainer import (
     Packed,
     Rollout,
@@ -57,11 +74,13 @@ from runtime.trainer import (
     logprobs_and_entropy,
     minibatch_rows,
     pack,
+    read_trainer_file,
+    write_trainer_file,
 )
 from traces.errors import SpecError
 
-__all__ = ["DataParallelTrainer", "Wrap", "backend_for", "check_dp", "default_device", "host_dp_store",
-           "init_dp_group", "minibatch_rows", "shard_rows", "step_fingerprint"]
+__all__ = ["DataParallelTrainer", "Wrap", "backend_for", "check_dp", "check_pp", "check_trainer_shape",
+           "default_device", "host_dp_store", "init_dp_group", "minibatch_rows", "shard_rows", "step_fingerprint"]
 
 # ddp: a full replica per rank, gradients all-reduced. fsdp: FSDP2's fully_shard, parameters, gradients and
 # Adam state sharded over the ranks (memory / dp), weights all-gathered for each forward
@@ -124,6 +143,22 @@ def check_dp(dp: int, prompts_per_step: int) -> None:
                         f"use a dp that divides {prompts_per_step}")
 
 
+def check_pp(pp: int) -> None:
+    """SpecError unless pp is 1: pipeline stages are not built in the runtime."""
+    if pp != 1:
+        raise SpecError(f"trainer pp={pp}: pipeline parallelism is not built in the runtime; use pp 1 "
+                        "(dp x tp ranks)")
+
+
+def check_trainer_shape(dp: int, tp: int, pp: int, prompts_per_step: int, heads: int, kv_heads: int,
+                        intermediate: int) -> None:
+    """SpecError, before any actor starts, unless the runtime can train a trainer of this shape: dp ranks
+    that share the step's groups (`check_dp`), a tp that splits the model (`check_tp`), and pp 1."""
+    check_pp(pp)
+    check_dp(dp, prompts_per_step)
+    check_tp(tp, heads, kv_heads, intermediate)
+
+
 def step_fingerprint(rollouts: Sequence[Rollout], seed: int, version: int, config: TrainConfig) -> int:
     """A cheap digest of what decides a step's split and minibatches (the batch's groups, rewards, lengths
     and versions; the seed, version and config): the ranks must agree on it."""
@@ -146,60 +181,99 @@ def _fully_shard(model: torch.nn.Module, device: torch.device, world_size: int) 
     fully_shard(model, mesh=mesh)
 
 
-def _full(tensor: torch.Tensor) -> torch.Tensor:
-    """The whole tensor from a shard (an all-gather: every rank must call it), or the tensor itself."""
-    from torch.distributed.tensor import DTensor
-
-    return tensor.full_tensor().detach() if isinstance(tensor, DTensor) else tensor.detach()
-
-
 class DataParallelTrainer(Trainer):
-    """One data-parallel rank of the GRPO trainer; `train_step` takes the global batch on every rank.
+    """One trainer rank of a dp x tp mesh; `train_step` takes the global batch on every rank.
 
-    Construct it after `init_dp_group`, on every rank, with the same model, config and seed (DDP also
-    broadcasts rank 0's weights at construction), and call `train_step` on every rank with the same batch.
-    With ddp, `model`, `weights()` and checkpoints are the plain `Trainer`'s (unwrapped, the same state-dict
-    keys), so weight sync and checkpoint writes run on rank 0 alone; on resume every rank loads the same
-    file. With fsdp, `weights()` is a collective and checkpoints are refused.
+    Construct it after `init_dp_group` (dp * tp ranks), on every rank, with the same model, config and seed
+    (rank 0's weights are broadcast at construction), and call `train_step` on every rank with the same
+    batch. With ddp and tp = 1, `model`, `weights()` and checkpoints are the plain `Trainer`'s (unwrapped, the
+    same state-dict keys), so weight sync and checkpoint writes run on rank 0 alone; on resume every rank
+    loads the same file. With tp > 1 (runtime.tensor_parallel), `weights()` and `save_checkpoint` are
+    collectives (every rank calls them; rank 0 writes the file, in the plain Trainer's layout, whole tensors)
+    and `load_checkpoint` cuts each rank's shards from that one file. With fsdp, `weights()` is a collective
+    and checkpoints are refused.
     """
 
     def __init__(self, model: PreTrainedModel, pad_id: int, config: TrainConfig | None = None, seed: int = 0,
                  clock: Callable[[], float] = time.perf_counter, device: torch.device | None = None,
-                 wrap: Wrap = "ddp") -> None:
+                 wrap: Wrap = "ddp", tp: int = 1) -> None:
         if not dist.is_initialized():
             raise RuntimeError("join the data-parallel process group (init_dp_group) before building a rank")
         if wrap not in ("ddp", "fsdp"):
             raise ValueError(f"wrap must be 'ddp' or 'fsdp', not {wrap!r}")
+        if tp > 1 and wrap == "fsdp":
+            raise ValueError("tp > 1 composes with wrap='ddp' (gradients averaged over dp); fsdp x tp is not wired")
         super().__init__(model, pad_id, config, seed, clock)
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.rank, self.world_size, self.tp = dist.get_rank(), dist.get_world_size(), tp
+        if self.world_size % tp:
+            raise ValueError(f"tp={tp} does not divide the process group's {self.world_size} ranks")
+        self.dp = self.world_size // tp
         self.device, self.wrap = device or default_device(), wrap
         # Module.to keeps the Parameter objects (it swaps their data), so the optimizer built above still
         # holds them; Adam has no state yet to move
         self.model.to(self.device)
         self.wrapped: torch.nn.Module = self.model  # what the training forward runs through
-        if wrap == "ddp":
+        # the dp coordinate picks the rows; stats and gradients are averaged over the dp group (None: all ranks)
+        self.dp_rank, self._dp_group = self.rank, None
+        if tp > 1:
+            for tensor in self.model.state_dict().values():  # what DDP's construction does: rank 0's weights
+                dist.broadcast(tensor.data, src=0)
+            mesh = mesh_for(self.device, self.dp, tp)
+            self.dp_rank, self._dp_group = mesh.get_local_rank("dp"), mesh.get_group("dp")
+            tensor_parallelize(self.model, mesh["tp"])
+            self._rebuild_optimizer()
+        elif wrap == "ddp":
             # construction checks that every rank holds the same parameter shapes and broadcasts rank 0's values
             self.wrapped = DistributedDataParallel(
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         else:
             _fully_shard(self.model, self.device, self.world_size)
-            # fully_shard replaced the parameters by sharded ones: the optimizer built above holds the old
-            # ones, so it is rebuilt, of the same class with the same settings, over the shards
-            self.optimizer = type(self.optimizer)(self.model.parameters(), **self.optimizer.defaults)
+            self._rebuild_optimizer()
+
+    def _rebuild_optimizer(self) -> None:
+        # sharding replaced the parameters: the optimizer built by Trainer holds the old ones, so it is
+        # rebuilt, of the same class with the same settings, over the shards
+        self.optimizer = type(self.optimizer)(self.model.parameters(), **self.optimizer.defaults)
+
+    @property
+    def collective_weights(self) -> bool:
+        """Whether `weights()` and `save_checkpoint` gather shards: every rank must then call them together."""
+        return self.wrap == "fsdp" or self.tp > 1
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """Full weights, as the plain `Trainer` gives them. With fsdp, a collective: every rank must call it."""
-        if self.wrap == "ddp":
+        """Full weights, as the plain `Trainer` gives them (see `collective_weights`)."""
+        if not self.collective_weights:
             return super().weights()
-        return {k: _full(v) for k, v in self.model.state_dict().items()}
+        return {k: full(v) for k, v in self.model.state_dict().items()}
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The plain Trainer's state; with tp > 1 the shards gathered whole (a collective)."""
+        state = super().checkpoint_state()
+        if self.tp == 1:
+            return state
+        optimizer = state["optimizer"]
+        moments = {i: {k: full(v) for k, v in s.items()} for i, s in optimizer["state"].items()}
+        return {**state, "model": self.weights(), "optimizer": {**optimizer, "state": moments}}
 
     def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """With tp > 1 a collective (every rank calls it; rank 0 writes), else rank 0 alone calls it."""
         self._refuse_sharded_checkpoint()
-        super().save_checkpoint(path)
+        state = self.checkpoint_state()
+        if self.tp == 1 or self.rank == 0:
+            write_trainer_file(path, state)
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """Every rank reads the one file; with tp > 1 each cuts its shards of the weights and moments from it."""
         self._refuse_sharded_checkpoint()
-        super().load_checkpoint(path)
+        state = read_trainer_file(path)
+        if self.tp > 1:
+            current = self.model.state_dict()
+            params = [p for g in self.optimizer.param_groups for p in g["params"]]
+            moments = {i: {k: shard_like(v, params[i]) if k != "step" else v for k, v in s.items()}
+                       for i, s in state["optimizer"]["state"].items()}
+            state = {**state, "model": {k: shard_like(v, current[k]) for k, v in state["model"].items()},
+                     "optimizer": {**state["optimizer"], "state": moments}}
+        self.restore(state)
 
     def _refuse_sharded_checkpoint(self) -> None:
         # the base class would pickle each rank's shards as if they were whole tensors
@@ -211,7 +285,7 @@ class DataParallelTrainer(Trainer):
         """One step on the global batch: this rank's groups, the global minibatches, DDP-averaged gradients."""
         self._check_same_batch(rollouts)
         cfg, step = self.config, self.version
-        rows = shard_rows([r.group for r in rollouts], self.rank, self.world_size)
+        rows = shard_rows([r.group for r in rollouts], self.dp_rank, self.dp)
         rewards = torch.tensor([r.reward for r in rollouts])
         adv = grpo_advantages(rewards, torch.tensor([r.group for r in rollouts]), cfg.adv_eps)[list(rows)]
         batch = pack([rollouts[i] for i in rows], self.pad_id).to(self.device)
@@ -231,7 +305,7 @@ class DataParallelTrainer(Trainer):
             totals.append(max(sum(sizes[i] for i in part.tolist()), 1))  # as the dp=1 mean clamps at 1
             mine = [local[i] for i in part.tolist() if i in local]
             sums.append(self._minibatch(batch, prox, adv_tokens, mine, totals[-1]))
-            norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)))
+            norms.append(clip_grad_norm(list(self.model.parameters()), cfg.max_grad_norm))
             self.optimizer.step()
         self.version += 1
         self.last_intervals = (("logprob", t0, t1), ("train", t1, self.clock()))
@@ -239,7 +313,7 @@ class DataParallelTrainer(Trainer):
 
     def _minibatch(self, batch: Packed, prox: torch.Tensor, adv_tokens: torch.Tensor, mine: list[int],
                    total: int) -> torch.Tensor:
-        """Backward of this rank's share of one global minibatch (DDP all-reduces); its statistic sums."""
+        """Backward of this rank's share of one global minibatch (averaged over dp); its statistic sums."""
         cfg = self.config
         # no rows here: a forward on row 0 with every token masked, for a zero gradient in DDP's all-reduce
         idx = torch.tensor(mine or [0], device=self.device)
@@ -252,7 +326,9 @@ class DataParallelTrainer(Trainer):
         entropy_sum = (entropy * mask).sum()
         objective = token_sum - cfg.entropy_coef * entropy_sum if cfg.entropy_coef else token_sum
         self.optimizer.zero_grad(set_to_none=True)
-        (objective * (self.world_size / total)).backward()  # x world size: DDP divides the sum by it
+        (objective * (self.dp / total)).backward()  # x dp: DDP divides the sum over the dp ranks by it
+        if self.tp > 1:  # no DDP module here: the same mean over the dp ranks, taken explicitly
+            average_gradients(list(self.model.parameters()), self._dp_group, self.dp)
         tokens = float(n)
         # summed over ranks at the end of the step, then divided by the minibatch's global token count
         return torch.tensor([float(token_sum.detach()), stats.clip_fraction * tokens, stats.dropped_fraction * tokens,
@@ -262,7 +338,7 @@ class DataParallelTrainer(Trainer):
                       totals: list[int], norms: list[float]) -> StepStats:
         """Sum the ranks' statistic sums (one all-reduce), divide by global token counts, average minibatches."""
         sums = sums.to(self.device)
-        dist.all_reduce(sums)
+        dist.all_reduce(sums, group=self._dp_group)  # over dp only: a tp group's ranks hold the same rows
         means = (sums.cpu() / torch.tensor(totals, dtype=torch.float64)[:, None]).mean(0).tolist()
         loss, clip_fraction, dropped_fraction, mean_behav_weight, entropy = means
         lags = Counter(step - v for r in rollouts for v in r.versions)

@@ -14,6 +14,7 @@ from typing import Any
 
 from runtime.controller import Controller, LoopConfig
 from runtime.fleet import engine_spawner, start_fleet
+from runtime.parallel import check_pp
 from runtime.placement import place
 from runtime.ray_loop import RayLoop
 from runtime.ray_start import init_ray
@@ -35,6 +36,7 @@ def run_on_ray(plan: Plan, setup: RunSetup, config: LoopConfig, seed: int = 0, m
     import ray
 
     out, model, tokenizer, record = setup.out, setup.model, setup.tokenizer, setup.record
+    check_pp(plan.trainer.pp)  # before Ray starts: its bundles would be taken for dp x tp ranks
     init_ray(plan, address)
     groups = place(plan, gpus=False)
     loop: RayLoop | None = None
@@ -42,7 +44,7 @@ def run_on_ray(plan: Plan, setup: RunSetup, config: LoopConfig, seed: int = 0, m
     spawn = engine_spawner(groups, model, tokenizer, seed, max_batch, interruptible)
     try:
         handles, ranks = start_fleet(groups, model, tokenizer, setup.train, seed, max_batch, interruptible,
-                                     timeout_s=sync_timeout_s, spawn=spawn)
+                                     timeout_s=sync_timeout_s, spawn=spawn, tp=plan.trainer.tp)
         trainer = ranks[0]
         actors = [h.actor for h in handles] + ranks
         control = Controller(setup.task, tokenizer, config, seed=seed, out_dir=out, clock=time.time,

@@ -16,7 +16,7 @@ from runtime.controller import LoopConfig
 from runtime.evaluation import evaluate
 from runtime.loop import run_in_process
 from runtime.model import CharTokenizer, build_model, save_model, tiny_llama_config
-from runtime.parallel import check_dp
+from runtime.parallel import check_trainer_shape
 from runtime.ray_run import run_on_ray
 from runtime.records import resume_record
 from runtime.run_result import RunResult, summarize
@@ -29,9 +29,9 @@ from traces import Plan, RolloutGroup, TrainerGroup
 TOY_GPU_TYPE = "CPU"  # the toy plan's type label; on CPU only a custom resource on the local node
 
 
-def toy_plan(engines: int, staleness: int, gpu_type: str = TOY_GPU_TYPE, dp: int = 1) -> Plan:
+def toy_plan(engines: int, staleness: int, gpu_type: str = TOY_GPU_TYPE, dp: int = 1, tp: int = 1) -> Plan:
     return Plan(mode="async", staleness=staleness, rollout=(RolloutGroup(gpu_type=gpu_type, instances=engines),),
-                trainer=TrainerGroup(gpu_type=gpu_type, dp=dp))
+                trainer=TrainerGroup(gpu_type=gpu_type, dp=dp, tp=tp))
 
 
 def run_identity(task: AdditionTask, engines: int, staleness: int, seed: int, prompts_per_step: int,
@@ -87,7 +87,7 @@ def run_toy_ray(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0,
                 hidden: int = 64, layers: int = 2, address: str | None = None,
                 progress: Callable[[dict[str, Any]], None] | None = None, checkpoint_every: int = 0,
                 resume: bool = False, identity: dict[str, Any] | None = None, faults: Faults | None = None,
-                sync_timeout_s: float = SYNC_TIMEOUT_S, dp: int = 1) -> RunResult:
+                sync_timeout_s: float = SYNC_TIMEOUT_S, dp: int = 1, tp: int = 1) -> RunResult:
     """`run_toy` with engines and trainer as Ray actors and real weight sync.
 
     Starts a local Ray on loopback (or joins `address`) and leaves it running for the caller to
@@ -97,11 +97,14 @@ def run_toy_ray(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0,
 
     `dp` > 1: that many data-parallel trainer ranks (runtime.parallel), one actor each; rank 0 syncs the
     weights and checkpoints, every rank loads the checkpoint on resume, and a dead rank is a dead trainer.
+    `tp` > 1: each of the dp groups is tp ranks that split the model's heads and MLP (runtime.tensor_parallel).
     """
-    check_dp(dp, prompts_per_step)
     toy = toy_setup(steps, engines, staleness, seed, out_dir, prompts_per_step, group_size, train, task, hidden,
                     layers, resume, identity)
+    cfg = toy.model.config
+    check_trainer_shape(dp, tp, 1, prompts_per_step, cfg.num_attention_heads, cfg.num_key_value_heads,
+                        cfg.intermediate_size)
     config = LoopConfig(steps, prompts_per_step, group_size, staleness, checkpoint_every)
-    finished = run_on_ray(toy_plan(engines, staleness, dp=dp), toy, config, seed, max_batch, interruptible, address,
-                          progress, faults, sync_timeout_s)
+    finished = run_on_ray(toy_plan(engines, staleness, dp=dp, tp=tp), toy, config, seed, max_batch, interruptible,
+                          address, progress, faults, sync_timeout_s)
     return summarize(toy, finished)

@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -135,6 +136,17 @@ class Packed:
 
     def to(self, device: torch.device) -> Packed:
         return Packed(*(t.to(device) for t in (self.ids, self.attention, self.response, self.behav, self.versions)))
+
+
+def write_trainer_file(path: str | os.PathLike[str], state: dict[str, Any]) -> None:
+    """One file, written whole or not at all (a crash leaves the old checkpoint)."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def read_trainer_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    return torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain types only
 
 
 def pack(rollouts: list[Rollout], pad_id: int) -> Packed:
@@ -254,16 +266,21 @@ class Trainer:
 
     def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
         """Everything a resumed run needs to take the next step as this one would, in one file written so
-        a crash leaves the old checkpoint whole: weights, Adam's moments and step counters, the version
-        (the LR schedule is a function of it), the config (the schedule's shape) and the RNG."""
-        buf = io.BytesIO()
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "version": self.version, "seed": self.seed, "config": dataclasses.asdict(self.config),
-                    "torch_rng": torch.get_rng_state()}, buf)
-        atomic_write_bytes(path, buf.getvalue())
+        a crash leaves the old checkpoint whole (`checkpoint_state`)."""
+        write_trainer_file(path, self.checkpoint_state())
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Weights, Adam's moments and step counters, the version (the LR schedule is a function of it), the
+        config (the schedule's shape) and the RNG."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "version": self.version, "seed": self.seed, "config": dataclasses.asdict(self.config),
+                "torch_rng": torch.get_rng_state()}
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
-        state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain types only
+        self.restore(read_trainer_file(path))
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from a `checkpoint_state` (as read back from its file)."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.version, self.seed = int(state["version"]), int(state["seed"])

@@ -1,4 +1,11 @@
-"""The trainer's Ray actors: one `TrainerWorker` per trainer rank, and their start on the trainer's placement group."""
+"""The trainer's Ray actors: one `TrainerWorker` per trainer rank, and their start on the trainer's placement group.
+
+A trainer of dp x tp ranks is dp * tp actors, rank r on bundle r (tp innermost: runtime.tensor_parallel's
+mesh). The driver talks to rank 0 alone for weights and checkpoints; with tp > 1 those gather shards, a
+collective of every rank, so rank 0 calls the other ranks itself (`join`) while it takes part. The driver
+calls nothing else on the trainer meanwhile (it waits for the broadcast and the save before the next step),
+so the other ranks are idle and take the call at once.
+"""
 
 from __future__ import annotations
 
@@ -17,24 +24,36 @@ from runtime.settings import SYNC_TIMEOUT_S
 from runtime.sync import DEFAULT_BUCKET_BYTES, SyncGroup, WeightSender
 from runtime.trainer import Rollout, StepStats, TrainConfig, Trainer
 
+_COLLECTIVES = ("weights", "save_checkpoint")  # the trainer methods that gather shards when tp > 1
+
+
+def weights_sha256(weights: dict[str, torch.Tensor]) -> str:
+    """A digest of named weights, bit for bit: equal digests are equal replicas."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(weights.items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
 
 class TrainerWorker:
     """One trainer rank in its own process. Rank 0 is the sync group's rank 0 (it hosts its store and
-    sends the weights) and writes the checkpoints; with dp > 1 every rank is a `DataParallelTrainer`
-    replica, built only once the dp group is formed (`open_dp`, then `join_dp` on every rank at once)."""
+    sends the weights) and writes the checkpoints; with dp * tp > 1 every rank is a `DataParallelTrainer`,
+    built only once the trainer's process group is formed (`open_dp`, then `join_dp` on every rank at once)."""
 
     def __init__(self, model: PreTrainedModel | str, pad_id: int, config: TrainConfig, seed: int,
-                 threads: int = 1, rank: int = 0, dp: int = 1) -> None:
+                 threads: int = 1, rank: int = 0, dp: int = 1, tp: int = 1) -> None:
         torch.set_num_threads(threads)
         torch.manual_seed(seed)
-        self.rank, self.dp = rank, dp
+        self.rank, self.dp, self.tp = rank, dp, tp
         self._args = (model_of(model), pad_id, config, seed)
-        # dp = 1: the plain Trainer, no process group, exactly as before dp existed
-        self._trainer: Trainer | None = None if dp > 1 else Trainer(*self._args, clock=time.time)
+        # one rank: the plain Trainer, no process group, exactly as before dp existed
+        self._trainer: Trainer | None = None if dp * tp > 1 else Trainer(*self._args, clock=time.time)
         self._dp_store: Any = None
         self._store: Any = None
         self._world = 0
         self._sender: WeightSender | None = None
+        self._peers: list[Any] = []  # rank 0 with tp > 1: the other ranks, called into its collectives
         self.steps_trained = 0  # train_step calls that returned here: shows every rank took part
 
     @property
@@ -43,30 +62,47 @@ class TrainerWorker:
         return self._trainer
 
     def open_dp(self, timeout_s: float = SYNC_TIMEOUT_S) -> tuple[str, int]:
-        """Rank 0: host the dp group's store on this node (the other ranks connect to (host, port))."""
+        """Rank 0: host the trainer group's store on this node (the other ranks connect to (host, port))."""
         import ray
 
         host = ray.util.get_node_ip_address()
-        self._dp_store = SyncGroup.host_store(host, self.dp, timeout_s)
+        self._dp_store = SyncGroup.host_store(host, self.dp * self.tp, timeout_s)
         return host, int(self._dp_store.port)
 
     def join_dp(self, host: str, port: int, timeout_s: float = SYNC_TIMEOUT_S) -> None:
-        """Join the dp group (blocks until every rank has) and build this rank's replica.
+        """Join the trainer's group (blocks until every rank has) and build this rank's trainer.
 
-        DDP's construction broadcasts rank 0's weights, so all replicas start equal."""
-        init_dp_group(self.rank, self.dp, host, port, store=self._dp_store, timeout_s=timeout_s)
-        self._trainer = DataParallelTrainer(*self._args, clock=time.time)
+        Rank 0's weights are broadcast at construction, so all ranks start equal."""
+        init_dp_group(self.rank, self.dp * self.tp, host, port, store=self._dp_store, timeout_s=timeout_s)
+        self._trainer = DataParallelTrainer(*self._args, clock=time.time, tp=self.tp)
+
+    def set_peers(self, peers: list[Any]) -> None:
+        """Rank 0: the other ranks' actors, which it calls into the collectives of `weights` and checkpoints."""
+        self._peers = list(peers)
+
+    def join(self, method: str, *args: Any) -> None:
+        """A rank other than 0: take part in rank 0's collective `method` (its result is rank 0's)."""
+        if method not in _COLLECTIVES:
+            raise ValueError(f"{method!r} is not a trainer collective ({', '.join(_COLLECTIVES)})")
+        getattr(self.trainer, method)(*args)
+
+    def _together(self, method: str, *args: Any) -> Any:
+        """`method` of the trainer, with every other rank called into it where it is a collective."""
+        import ray
+
+        collective = isinstance(self._trainer, DataParallelTrainer) and self._trainer.collective_weights
+        joined = [peer.join.remote(method, *args) for peer in self._peers] if collective else []
+        result = getattr(self.trainer, method)(*args)
+        ray.get(joined)
+        return result
 
     def describe(self) -> dict[str, Any]:
-        """Where this rank runs and what it holds: the driver's proof that every rank trained in step."""
+        """Where this rank runs and what it holds: the driver's proof that every rank trained in step.
+        The driver calls every rank at once (with tp the full weights are a collective of all of them)."""
 
-        digest = hashlib.sha256()
-        for name, tensor in sorted(self.trainer.weights().items()):
-            digest.update(name.encode())
-            digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
         return {"rank": self.rank, "pid": os.getpid(), "node": self.node_id(),
                 "version": self.trainer.version, "optimizer_steps": self.trainer.optimizer_steps(),
-                "steps_trained": self.steps_trained, "weights_sha256": digest.hexdigest()}
+                "steps_trained": self.steps_trained, "weights_sha256": weights_sha256(self.trainer.weights())}
 
     def open_sync(self, world_size: int, timeout_s: float = SYNC_TIMEOUT_S) -> tuple[str, int]:
         """Host a new sync group's store on a free port of this node; engines connect to (host, port).
@@ -93,14 +129,14 @@ class TrainerWorker:
         """Broadcast the current weights and version to every engine; (version, start, end)."""
         assert self._sender is not None, "join_sync first"
         t0 = time.time()
-        self._sender.send(self.trainer.weights(), self.trainer.version)
+        self._sender.send(self._together("weights"), self.trainer.version)
         return self.trainer.version, t0, time.time()
 
     def weights(self) -> dict[str, torch.Tensor]:
-        return {k: v.clone() for k, v in self.trainer.weights().items()}
+        return {k: v.clone() for k, v in self._together("weights").items()}
 
     def save_checkpoint(self, path: str) -> None:
-        self.trainer.save_checkpoint(path)
+        self._together("save_checkpoint", path)
 
     def load_checkpoint(self, path: str) -> int:
         self.trainer.load_checkpoint(path)
@@ -113,17 +149,21 @@ class TrainerWorker:
 
 
 def start_trainers(group: Group, model: PreTrainedModel | str, pad_id: int, train: TrainConfig, seed: int,
-                   timeout_s: float = SYNC_TIMEOUT_S) -> list[Any]:
-    """One trainer actor per bundle of the trainer group, rank r on bundle r; with dp > 1 they form the
-    dp group, whose store rank 0 hosts. Rank 0's actor first."""
+                   timeout_s: float = SYNC_TIMEOUT_S, tp: int = 1) -> list[Any]:
+    """One trainer actor per bundle of the trainer group (dp * tp of them), rank r on bundle r; with more
+    than one they form the trainer's process group, whose store rank 0 hosts. Rank 0's actor first."""
     import ray
 
-    dp = group.actors
+    world = group.actors
+    if world % tp:
+        raise ValueError(f"the trainer group has {world} bundles, not a multiple of tp={tp}")
     cls = ray.remote(TrainerWorker)
-    ranks = [cls.options(**group.actor_options(r)).remote(model, pad_id, train, seed, rank=r, dp=dp)
-             for r in range(dp)]
-    if dp > 1:
+    ranks = [cls.options(**group.actor_options(r)).remote(model, pad_id, train, seed, rank=r, dp=world // tp, tp=tp)
+             for r in range(world)]
+    if world > 1:
         host, port = ray.get(ranks[0].open_dp.remote(timeout_s))
         # every rank must be inside init_process_group at once: issue all joins, then wait
         ray.get([rank.join_dp.remote(host, port, timeout_s) for rank in ranks])
+    if tp > 1:
+        ray.get(ranks[0].set_peers.remote(ranks[1:]))
     return ranks

@@ -11,7 +11,9 @@ another plan, task or seed, is refused in one line (exit 2). A dead rollout engi
 without stopping the run; a dead trainer stops it with one line (exit 1) naming the checkpoint.
 
 A plan whose trainer has dp > 1 trains on that many data-parallel ranks (Ray actors, runtime.parallel);
-dp must divide the step's 16 prompts (GRPO groups), and --local, one process, refuses it.
+dp must divide the step's 16 prompts (GRPO groups). tp > 1 splits each rank's model over tp ranks
+(runtime.tensor_parallel; tp must divide the heads, KV heads and MLP columns). pp > 1 is refused, and
+--local, one process, refuses more than one trainer rank.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         import torch
         import transformers
 
-        from runtime.parallel import check_dp
+        from runtime.parallel import check_trainer_shape
         from runtime.ray_loop import TrainerLost
         from runtime.toy import run_toy, run_toy_ray
         from runtime.trainer import TrainConfig
@@ -87,10 +89,11 @@ def run(args: argparse.Namespace) -> int:
     if args.local and args.address:
         raise SpecError("--local runs without Ray; drop --address or --local")
     spec = toy_model(plan)
-    dp = plan.trainer.dp
-    check_dp(dp, PROMPTS_PER_STEP)
-    if dp > 1 and args.local:
-        raise SpecError(f"--local trains in one process; this plan's trainer has dp={dp} ranks (drop --local)")
+    dp, tp = plan.trainer.dp, plan.trainer.tp
+    check_trainer_shape(dp, tp, plan.trainer.pp, PROMPTS_PER_STEP, spec.heads, spec.kv_heads, spec.intermediate)
+    if dp * tp > 1 and args.local:
+        raise SpecError(f"--local trains in one process; this plan's trainer has dp={dp} x tp={tp} ranks "
+                        "(drop --local)")
     cluster = load_cluster(args.cluster) if args.cluster else example_cluster("cpu-host")
     cm = cost_model(args)
     folder = _run_folder(args)
@@ -112,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
                 import ray
 
                 try:
-                    result = run_toy_ray(args.steps, address=args.address, dp=dp, **common)
+                    result = run_toy_ray(args.steps, address=args.address, dp=dp, tp=tp, **common)
                 finally:
                     ray.shutdown()
         except TrainerLost as exc:
@@ -123,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
                                      ppo_minibatches=TrainConfig().minibatches)
         write_run_spec(out, plan, workload, cluster)
         fid, why = _predict(out, cm, args)
-    summary = {"steps": result.steps, "engines": engines, "trainer_dp": dp, "staleness_bound": plan.staleness,
+    summary = {"steps": result.steps, "engines": engines, "trainer_dp": dp, "trainer_tp": tp,
+               "staleness_bound": plan.staleness,
                "eval_before": result.eval_before, "eval_after": result.eval_after, "chance": result.chance,
                "max_staleness": result.max_staleness, "samples_per_s": result.samples_per_s,
                "seconds": result.seconds, "out": folder, "executor": "local" if args.local else "ray",
@@ -133,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
                "prediction": fid.summary() if fid else {"skipped": why}}
     emit(summary, args.json, [
         f"{args.task}: {result.steps} steps, {engines} engines, "
-        + (f"{dp} trainer ranks, " if dp > 1 else "") + f"staleness bound {plan.staleness}, "
+        + (f"{dp * tp} trainer ranks (dp {dp} x tp {tp}), " if dp * tp > 1 else "")
+        + f"staleness bound {plan.staleness}, "
         + ("in one process" if args.local else "on Ray")
         + (f", resumed from step {result.first_step}" if args.resume else ""),
         *([f"  faults    {result.engine_restarts} engine restarts, {len(result.requeued_sids)} samples "
