@@ -49,6 +49,14 @@ class MoeSpec(BaseModel):
         return self.experts * hidden + (self.experts if self.biases else 0)
 
 
+def attention_replicas(ep: ArrayLike) -> NDArray[np.float64]:
+    """Attention replicas of an engine with `ep` expert-parallel ranks: one per GPU under EP (data-
+    parallel attention), else 1. Each replica runs its own scheduler, so an engine's running-sequence
+    cap (max_num_seqs, vLLM's per data-parallel rank) is this many times the per-replica one."""
+    e = np.asarray(ep, dtype=np.float64)
+    return np.where(e > 1, e, 1.0)
+
+
 def expected_distinct_experts(experts: int, top_k: int, tokens: ArrayLike) -> NDArray[np.float64]:
     """Experts of one layer that `tokens` tokens touch together, in expectation, under uniform routing.
 

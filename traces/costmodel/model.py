@@ -17,6 +17,7 @@ from traces.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from traces.costmodel.tables import KEYS, ProfileTable
 from traces.hardware import GpuType
 from traces.models import ModelSpec
+from traces.moe import attention_replicas
 
 ROOFLINE, PROFILE, SCALED = "roofline", "profile", "profile-scaled"
 
@@ -121,9 +122,10 @@ class CostModel:
 
     def max_batch(self, gpu: GpuType, model: ModelSpec, tp: ArrayLike, context: ArrayLike,
                   ep: ArrayLike = 1) -> np.ndarray:
-        """Sequences of `context` tokens an engine can run at once (0: not even one fits)."""
+        """Sequences of `context` tokens an engine can run at once (0: not even one fits); max_num_seqs
+        caps each attention replica (an EP engine has one per GPU: traces.moe.attention_replicas)."""
         cap = np.floor(self.kv_capacity_tokens(gpu, model, tp, ep) / np.maximum(np.asarray(context, float), 1))
-        return np.minimum(cap, self.efficiency.max_num_seqs).astype(np.int64)
+        return np.minimum(cap, self.efficiency.max_num_seqs * attention_replicas(ep)).astype(np.int64)
 
     def train_memory_bytes(
         self, gpu: GpuType, model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, *,

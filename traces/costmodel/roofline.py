@@ -30,6 +30,7 @@ from traces.costmodel.experts import (
 )
 from traces.hardware import GpuType
 from traces.models import ModelSpec
+from traces.moe import attention_replicas
 
 Array = NDArray[np.float64]
 
@@ -55,7 +56,7 @@ def allreduce_seconds(nbytes: ArrayLike, ranks: ArrayLike, link_bytes_per_s: flo
 
 def _attention_split(tp: Array, ep: Array) -> tuple[Array, Array]:
     """(attention TP ways, attention replicas) of an engine: an EP engine runs one replica per GPU."""
-    replicas = np.where(ep > 1, ep, 1.0)
+    replicas = attention_replicas(ep)
     return tp / replicas, replicas
 
 
