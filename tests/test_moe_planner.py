@@ -122,3 +122,14 @@ def test_areal_export_folds_trainer_ep_and_refuses_ep_engines() -> None:
     assert actor.parallel.world_size == 16 and actor.parallel.ep_size == 8
     with pytest.raises(SpecError, match="no expert-parallel dimension"):
         render("areal", _ep_plan(), cluster, workload)
+
+
+def test_costs_prices_ep_and_refuses_it_for_a_dense_model(cli) -> None:  # type: ignore[no-untyped-def]
+    base = ("costs", "decode", "--gpu", "h20", "--model", "qwen3-30b-a3b", "--tp", "8", "--context", "2000",
+            "--json")
+    ep = cli(*base, "--ep", "8", "--batch", "1024").json()
+    tp = cli(*base, "--batch", "1024").json()
+    assert ep["ep"] == 8 and ep["max_batch"] > tp["max_batch"] == 256  # per-GPU schedulers, no KV replication
+    dense = cli("costs", "train", "--gpu", "h100", "--model", "llama-3.1-8b", "--dp", "8", "--ep", "8",
+                "--tokens", "65536")
+    assert dense.code == 2 and dense.err.strip().count("\n") == 0 and "needs a mixture-of-experts model" in dense.err

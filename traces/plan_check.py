@@ -53,7 +53,7 @@ def ep_shards(model: ModelSpec | None, ep: int, ranks: int, engine: bool) -> str
     if model is None:
         return None
     if model.moe is None:
-        return f"EP {ep} needs a mixture-of-experts model; {model.name} is dense (set ep: 1)"
+        return f"EP {ep} needs a mixture-of-experts model; {model.name} is dense: use EP 1"
     if model.moe.experts % ep:
         return f"EP {ep} does not divide {model.name}'s {model.moe.experts} experts"
     return None
