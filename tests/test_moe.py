@@ -217,3 +217,20 @@ def test_bad_moe_configs_are_one_line_errors(change: dict[str, object], needle: 
         model_from_hf(config, "bad", "hf_config")
     assert needle in str(err.value) and "\n" not in str(err.value)
 
+
+
+def test_an_inline_moe_model_loads_in_a_workload_and_round_trips() -> None:
+    from traces import Workload
+    from traces.io import validate
+
+    preset = get_model("qwen3-30b-a3b")
+    inline = preset.model_dump(mode="json") | {"name": "my-moe"}
+    data = {"model": inline, "prompts_per_step": 4, "prompt_len": {"kind": "fixed", "value": 64},
+            "response_len": {"kind": "fixed", "value": 64}}
+    workload = validate(Workload, data, "w")
+    assert workload.model.params == preset.params and workload.model.moe == preset.moe
+    assert validate(Workload, workload.model_dump(), "dumped") == workload
+    bad = inline | {"moe": {**inline["moe"], "dense_layers": 48}}
+    with pytest.raises(SpecError, match="dense_layers") as err:
+        validate(Workload, data | {"model": bad}, "w")
+    assert "\n" not in str(err.value)

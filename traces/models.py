@@ -1,7 +1,9 @@
 """Model architectures: the fields of a published config, and what follows from them.
 
 A workload names a preset (traces/data/models.yaml), writes these fields inline, or points at a
-Hugging Face config.json (traces/hf_config.py).
+Hugging Face config.json (traces/hf_config.py). Mixture-of-experts models add a `moe` block
+(traces/moe.py) and DeepSeek's latent attention an `mla` block (traces/mla.py): `params` and
+`weight_bytes` count every expert, `active_params` and `compute_params` the ones a token passes.
 """
 
 from __future__ import annotations
