@@ -7,8 +7,11 @@ lengths) grows with the samples it holds, concavely: decode iterations get longe
 grows. It is kept as a piecewise-linear curve up to the batch the KV cache allows, so the MILP can
 spread a bounded number of in-flight samples (AReaL's capacity rule) over engines.
 Trainer options take whole nodes of one pool (the rest of a node would be stranded), for every
-(dp, tp, pp, ZeRO stage, recomputation) that fits in memory; only the fastest per (pool, nodes) is
+(dp, tp, pp, ep, ZeRO stage, recomputation) that fits in memory; only the fastest per (pool, nodes) is
 kept, since the planner would never pick a slower one.
+Mixture-of-experts models add expert parallelism (traces.plan_check.ep_shards says which): engines
+of TP t with EP 1 or t (data-parallel attention, inside a node), trainers with EP dividing dp x tp
+(across nodes once ep exceeds a node). The MILP is unchanged: EP is one more field of an option.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from itertools import product
 
 import numpy as np
 
-from traces import Cluster, CostModel, GpuType, Workload
+from traces import Cluster, CostModel, GpuType, ModelSpec, Workload
 from traces.costmodel.rl import trainer_fits, trainer_step_seconds
-from traces.plan_check import tp_shards
+from traces.plan_check import ep_shards, tp_shards
 from traces.workload import LengthDist
 
 ZERO_STAGES = (1, 3)
@@ -64,6 +67,7 @@ class EngineOption:
     # seconds per trainer step lost at each segment's load when rollouts are interruptible: waiting
     # for the new weights plus re-prefilling the KV cache of the samples it holds
     update_seconds: tuple[float, ...] = ()
+    ep: int = 1  # expert-parallel ranks (1 or tp)
 
     def derated(self, period: float) -> EngineOption:
         """The rate curve with each step's update pause taken out, for a trainer step of `period` s."""
@@ -97,6 +101,7 @@ class TrainerOption:
     samples_per_s: float
     price_per_hour: float
     switch_seconds: float  # colocated only: one hand-over between engines and trainer
+    ep: int = 1  # expert-parallel ranks among dp x tp
 
     @property
     def gpus(self) -> int:
@@ -158,34 +163,37 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
         for tp in _divisors(pool.per_node):
             if tp_shards(model, tp) is not None:
                 continue
-            if float(cm.kv_capacity_tokens(pool.gpu, model, tp)) < workload.max_seq_len:
-                continue
-            full = int(cm.generation_rate(pool.gpu, model, tp, prompt_mean=prompt, response_mean=response,
-                                          response_sq_mean=square).batch)
-            if full < 1:
-                continue
-            points = np.unique(np.r_[2 ** np.arange(int(np.log2(full)) + 1), full])
-            rates = cm.generation_rate(pool.gpu, model, tp, prompt_mean=prompt, response_mean=response,
-                                       response_sq_mean=square, max_num_seqs=points).samples_per_s
-            widths = np.diff(np.r_[0, points]).astype(float)
-            slopes = np.minimum.accumulate(np.diff(np.r_[0.0, rates]) / widths)  # keep the curve concave
-            update: tuple[float, ...] = ()
-            if workload.interruptible and workload.mode == "async":
-                reprefill = cm.prefill(pool.gpu, model, tp, points * context, context).seconds
-                update = tuple((sync_seconds + reprefill).tolist())
-            out.append(EngineOption(pool.index, tp, float((widths * slopes).sum()), full,
-                                    tp * pool.gpu.price_per_gpu_hour,
-                                    tuple(zip(widths.tolist(), slopes.tolist(), strict=True)),
-                                    _longest_sample_seconds(cm, pool.gpu, workload, tp), update))
+            for ep in sorted({1, tp}):
+                if ep_shards(model, ep, tp, engine=True) is not None:
+                    continue
+                if float(cm.kv_capacity_tokens(pool.gpu, model, tp, ep)) < workload.max_seq_len:
+                    continue
+                full = int(cm.generation_rate(pool.gpu, model, tp, prompt_mean=prompt, response_mean=response,
+                                              response_sq_mean=square, ep=ep).batch)
+                if full < 1:
+                    continue
+                points = np.unique(np.r_[2 ** np.arange(int(np.log2(full)) + 1), full])
+                rates = cm.generation_rate(pool.gpu, model, tp, prompt_mean=prompt, response_mean=response,
+                                           response_sq_mean=square, max_num_seqs=points, ep=ep).samples_per_s
+                widths = np.diff(np.r_[0, points]).astype(float)
+                slopes = np.minimum.accumulate(np.diff(np.r_[0.0, rates]) / widths)  # keep the curve concave
+                update: tuple[float, ...] = ()
+                if workload.interruptible and workload.mode == "async":
+                    reprefill = cm.prefill(pool.gpu, model, tp, points * context, context, ep).seconds
+                    update = tuple((sync_seconds + reprefill).tolist())
+                out.append(EngineOption(pool.index, tp, float((widths * slopes).sum()), full,
+                                        tp * pool.gpu.price_per_gpu_hour,
+                                        tuple(zip(widths.tolist(), slopes.tolist(), strict=True)),
+                                        _longest_sample_seconds(cm, pool.gpu, workload, tp, ep), update, ep))
     return out
 
 
-def _longest_sample_seconds(cm: CostModel, gpu: GpuType, workload: Workload, tp: int) -> float:
+def _longest_sample_seconds(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, ep: int = 1) -> float:
     """Prefill plus every decode iteration of a longest response, alone on the engine."""
     prompt, longest = workload.prompt_len.expected(), workload.response_len.max
     contexts = prompt + np.linspace(0, longest, 33)
-    per_iter = float(np.mean(cm.decode(gpu, workload.model, tp, 1, contexts).seconds))
-    return float(cm.prefill(gpu, workload.model, tp, prompt).seconds) + longest * per_iter
+    per_iter = float(np.mean(cm.decode(gpu, workload.model, tp, 1, contexts, ep).seconds))
+    return float(cm.prefill(gpu, workload.model, tp, prompt, None, ep).seconds) + longest * per_iter
 
 
 EVERY_NODE_COUNT_UP_TO = 64  # trainer sizes: every whole-node count up to here, then ~10% steps
@@ -201,11 +209,15 @@ def trainer_node_counts(nodes: int) -> list[int]:
     return counts
 
 
-def _layouts(nodes: int, per_node: int, layers: int, tps: list[int]) -> np.ndarray:
-    """(nodes, dp, tp, pp) rows for the trainer sizes of a pool: tp inside a node, pp dividing the layers."""
-    rows = [(n, n * per_node // (tp * pp), tp, pp) for n in trainer_node_counts(nodes) for tp in tps
-            for pp in _divisors(min(layers, 64)) if (n * per_node) % (tp * pp) == 0]
-    return np.array(rows, dtype=np.int64).reshape(-1, 4)
+def _layouts(nodes: int, per_node: int, model: ModelSpec, tps: list[int]) -> np.ndarray:
+    """(nodes, dp, tp, pp, ep) rows for the trainer sizes of a pool: tp inside a node, pp dividing the
+    layers, ep (MoE models) any count of whole ranks the experts split over (traces.plan_check)."""
+    eps = [1] if model.moe is None else [e for e in _divisors(model.moe.experts)]
+    rows = [(n, dp, tp, pp, ep) for n in trainer_node_counts(nodes) for tp in tps
+            for pp in _divisors(min(model.layers, 64)) if (n * per_node) % (tp * pp) == 0
+            for dp in [n * per_node // (tp * pp)]
+            for ep in eps if ep_shards(model, ep, dp * tp, engine=False) is None]
+    return np.array(rows, dtype=np.int64).reshape(-1, 5)
 
 
 def trainer_options(
@@ -219,18 +231,18 @@ def trainer_options(
     out = []
     for pool in pools:
         tps = [tp for tp in _divisors(pool.per_node) if tp_shards(workload.model, tp) is None]
-        lay = _layouts(min(pool.nodes, max_nodes or pool.nodes), pool.per_node, workload.model.layers, tps)
-        nodes, dp, tp, pp = lay[:, 0], lay[:, 1], lay[:, 2], lay[:, 3]
+        lay = _layouts(min(pool.nodes, max_nodes or pool.nodes), pool.per_node, workload.model, tps)
+        nodes, dp, tp, pp, ep = lay[:, 0], lay[:, 1], lay[:, 2], lay[:, 3], lay[:, 4]
         best_step = np.full(len(lay), np.inf)
         best_combo = np.zeros(len(lay), dtype=np.int64)
         combos = list(product(ZERO_STAGES, RECOMPUTE))
         for c, (zero, recompute) in enumerate(combos):
-            fits = trainer_fits(cm, pool.gpu, workload, dp, tp, pp, zero_stage=zero, recompute=recompute)
+            fits = trainer_fits(cm, pool.gpu, workload, dp, tp, pp, zero_stage=zero, recompute=recompute, ep=ep)
             if not fits.any():
                 continue
             logprob, train = trainer_step_seconds(
                 cm, pool.gpu, workload, dp, tp, pp, tokens, zero_stage=zero, recompute=recompute,
-                gpus_per_node=pool.per_node, inter_node_bytes_per_s=pool.inter_node_bytes_per_s)
+                gpus_per_node=pool.per_node, inter_node_bytes_per_s=pool.inter_node_bytes_per_s, ep=ep)
             step = np.where(fits, logprob + train + sync_seconds, np.inf)
             better = step < best_step
             best_step[better], best_combo[better] = step[better], c
@@ -241,10 +253,10 @@ def trainer_options(
                 continue
             zero, recompute = combos[best_combo[i]]
             switch = float(cm.colocate_switch(pool.gpu, workload.model, 1, dp[i], tp[i], pp[i],
-                                              zero_stage=zero).seconds)
+                                              zero_stage=zero, ep=ep[i]).seconds)
             out.append(TrainerOption(pool.index, int(n), int(dp[i]), int(tp[i]), int(pp[i]), zero, recompute,
                                      float(best_step[i]), batch / float(best_step[i]),
-                                     int(n) * pool.per_node * pool.gpu.price_per_gpu_hour, switch))
+                                     int(n) * pool.per_node * pool.gpu.price_per_gpu_hour, switch, int(ep[i])))
     return out
 
 

@@ -18,7 +18,8 @@ from planner.milp import Mode, Objective, Solution, solve
 
 FRAMEWORKS = ("areal", "verl")
 RULES = {
-    "areal": "one rollout engine kind (one GPU type, one TP) on whole nodes of the trainer's node size",
+    "areal": "one rollout engine kind (one GPU type, one TP, no expert parallelism) on whole nodes of the "
+             "trainer's node size",
     "verl": "one rollout engine kind (one GPU type, one TP) on whole nodes",
 }
 Solver = Callable[[Candidates, Mode, Objective, "float | None", "float | None", int, str], list[Solution]]
@@ -48,6 +49,8 @@ def solver_for(framework: str) -> Solver:
             return solve(cand, mode, objective, budget, target, top_k, solver_name)
         found: list[Solution] = []
         for option in cand.engines:
+            if framework == "areal" and option.ep > 1:  # AReaL's rollout backend string has no EP
+                continue
             pool = cand.pools[option.pool]
             k = pool.per_node // option.tp
             trainers = tuple(t for t in cand.trainers
@@ -63,9 +66,9 @@ def solver_for(framework: str) -> Solver:
             found.sort(key=lambda s: (s.cost_per_hour, -s.samples_per_s))
         # the best of each (engine kind, trainer pool) first: the analytic model ranks GPU-type swaps less
         # surely than sizes, and the simulator re-ranks only the top_k it is given
-        leaders: dict[tuple[int, int, int], Solution] = {}
+        leaders: dict[tuple[int, int, int, int], Solution] = {}
         for s in found:
-            leaders.setdefault((s.engines[0][0].pool, s.engines[0][0].tp, s.trainer.pool), s)
+            leaders.setdefault((s.engines[0][0].pool, s.engines[0][0].tp, s.engines[0][0].ep, s.trainer.pool), s)
         firsts = list(leaders.values())
         return (firsts + [s for s in found if s not in firsts])[:top_k]
 

@@ -48,7 +48,7 @@ def to_plan(cluster: Cluster, workload: Workload, cand: Candidates, solution: So
             predicted: dict[str, float] | None = None) -> Plan:
     t = solution.trainer
     t_pool = cand.pools[t.pool]
-    trainer = TrainerGroup(gpu_type=t_pool.gpu.name, dp=t.dp, tp=t.tp, pp=t.pp, zero_stage=t.zero_stage,  # type: ignore[arg-type]
+    trainer = TrainerGroup(gpu_type=t_pool.gpu.name, dp=t.dp, tp=t.tp, pp=t.pp, ep=t.ep, zero_stage=t.zero_stage,  # type: ignore[arg-type]
                            recompute=t.recompute, nodes=t_pool.node_ids[: t.nodes])  # type: ignore[arg-type]
     rollout: list[RolloutGroup] = []
     for pool in cand.pools:
@@ -57,7 +57,7 @@ def to_plan(cluster: Cluster, workload: Workload, cand: Candidates, solution: So
             continue
         skip = 0 if solution.mode == "colocated" or pool.index != t.pool else t.nodes
         for (option, n), nodes in zip(counts, _nodes_for_engines(pool, skip, counts), strict=True):
-            rollout.append(RolloutGroup(gpu_type=pool.gpu.name, tp=option.tp, instances=n, nodes=nodes))
+            rollout.append(RolloutGroup(gpu_type=pool.gpu.name, tp=option.tp, ep=option.ep, instances=n, nodes=nodes))
     return Plan(cluster=cluster.name, workload=workload.name, model=workload.model.name, mode=solution.mode,
                 staleness=cand.staleness if solution.mode == "async" else 0, rollout=tuple(rollout), trainer=trainer,
                 predicted=predicted or {})

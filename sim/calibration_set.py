@@ -10,8 +10,9 @@ Each kind is predicted the way its source measured it:
 - sync: one weight push to the engines of the row;
 - rl_step: a simulated GRPO step (sim.simulate) of the row's setup; judged, not fitted (a
   simulation per evaluation is too slow inside a fit).
-Rows rlfleet cannot describe yet (mixture-of-experts models, context parallelism, kernels that
-are catalog facts) are listed with the reason, never guessed.
+Mixture-of-experts rows (train layouts with EP, as Megatron folds it into dp x tp) are predicted
+and judged but not fitted yet. Rows rlfleet cannot describe (models outside the catalog, context
+parallelism, kernels that are catalog facts) are listed with the reason, never guessed.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from traces.hardware import GpuType
 from traces.models import ModelSpec
 
 # Public checkpoints that share a catalog model's architecture (their config.json fields match).
-SAME_SHAPE = {"deepseek-r1-distill-qwen-1.5b": "qwen2.5-1.5b", "deepseek-r1-distill-qwen-7b": "qwen2.5-7b"}
+SAME_SHAPE = {"deepseek-r1-distill-qwen-1.5b": "qwen2.5-1.5b", "deepseek-r1-distill-qwen-7b": "qwen2.5-7b",
+              "qwen3-30b-a3b-base": "qwen3-30b-a3b", "deepseek-v3.1": "deepseek-v3"}
 # Per-GPU network between nodes where a row does not say (InfiniBand NDR per H100/H200/B200 GPU,
 # HDR per A100: the DGX reference designs).
 INTER_NODE = {"A100-80G": 25e9, "H100": 50e9, "H800": 50e9, "H200": 50e9, "B200": 100e9, "GB200": 100e9}
@@ -119,8 +121,12 @@ def _train(row: CalibrationRow, model: ModelSpec, gpu: GpuType) -> Callable[[Cos
           "virtual_stages": vp, "gpus_per_node": NODE_SIZE.get(gpu.name, 8),
           "inter_node_bytes_per_s": INTER_NODE.get(gpu.name, 50e9)}
 
+    ep = lay.get("ep", 1)  # Megatron folds EP into the dp x tp ranks (expert tensor parallelism 1)
+    if (dp * tp) % ep:
+        return f"EP {ep} does not divide the {dp * tp} dp x tp ranks"
+
     def seconds(cm: CostModel) -> float:
-        return float(cm.train(gpu, model, dp, tp, pp, tokens, **kw).seconds)
+        return float(cm.train(gpu, model, dp, tp, pp, tokens, ep=ep, **kw).seconds)
 
     if row.unit == "mfu":
         flops = float(train_flops_per_token(model, seq)) * tokens
@@ -169,7 +175,7 @@ def case(row: CalibrationRow) -> Case | Skipped:
     try:
         model = _model(row.model)
     except SpecError:
-        return Skipped(row.id, f"{row.model} is not in the catalog (mixture-of-experts or another architecture)")
+        return Skipped(row.id, f"{row.model} is not in the catalog")
     try:
         model, gpu = _precision(row, model, get_gpu(row.gpu_type))
     except SpecError:
@@ -186,9 +192,14 @@ def case(row: CalibrationRow) -> Case | Skipped:
         predict = "fp8 training is not modelled (training is priced in bf16)" if row.precision == "fp8" else \
             _train(row, model, gpu)
     elif row.kind == "sync":
-        predict = _sync(row, model, gpu)
+        # the predictor rebuilds K7's path (trainer and one engine on one node); the checkpoint-engine
+        # rows (host-memory broadcast, receivers across the network) take paths it does not model
+        predict = _sync(row, model, gpu) if row.id == "K7" else \
+            "the weight path (host-memory broadcast or many receivers over the network) is not modelled"
     else:
         predict = _rl_step(row)
     if isinstance(predict, str):
         return Skipped(row.id, predict)
-    return Case(row.id, row.source_key, row.kind, row.value, predict, fitted=row.kind != "rl_step")
+    # MoE rows are judged, not fitted, until the joint fit carries the expert terms (costmodel/experts.py)
+    fitted = row.kind != "rl_step" and model.moe is None
+    return Case(row.id, row.source_key, row.kind, row.value, predict, fitted=fitted)

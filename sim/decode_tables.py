@@ -46,12 +46,13 @@ class DecodeTable:
 
     @classmethod
     def build(
-        cls, cm: CostModel, gpu: GpuType, model: ModelSpec, tp: int, max_batch: int, max_context: float
+        cls, cm: CostModel, gpu: GpuType, model: ModelSpec, tp: int, max_batch: int, max_context: float,
+        ep: int = 1,
     ) -> DecodeTable:
         ds = max(max_context, 1.0) / (GRID_POINTS - 1)
         b = np.arange(0, max_batch + 1)[:, None]
         s = (np.arange(GRID_POINTS) * ds)[None, :]
-        secs = cm.decode(gpu, model, tp, np.maximum(b, 1), s / np.maximum(b, 1)).seconds
+        secs = cm.decode(gpu, model, tp, np.maximum(b, 1), s / np.maximum(b, 1), ep).seconds
         return cls(ds, tuple(map(tuple, np.asarray(secs, np.float64).tolist())))
 
     def total(self, b: int, s0: float, k: int) -> float:
@@ -120,10 +121,11 @@ class PrefillCurve:
 
     @classmethod
     def build(
-        cls, cm: CostModel, gpu: GpuType, model: ModelSpec, tp: int, max_tokens: float, context: float
+        cls, cm: CostModel, gpu: GpuType, model: ModelSpec, tp: int, max_tokens: float, context: float,
+        ep: int = 1,
     ) -> PrefillCurve:
         tokens = np.unique(np.geomspace(1, max(max_tokens, 2), 48).round())
-        secs = cm.prefill(gpu, model, tp, tokens, np.minimum(context, tokens)).seconds
+        secs = cm.prefill(gpu, model, tp, tokens, np.minimum(context, tokens), ep).seconds
         return cls(tuple(np.log(tokens).tolist()), tuple(np.log(secs).tolist()))
 
     def __call__(self, tokens: float) -> float:

@@ -24,6 +24,7 @@ from sim.trainer import Trainer
 from traces import Cluster, CostModel, Plan, SpecError, Workload
 from traces.costmodel.rl import trainer_step_seconds
 from traces.links import sync_path_bytes_per_s, trainer_network
+from traces.moe import attention_replicas
 from traces.plan import RolloutGroup
 from traces.plan_check import check_plan
 from traces.pricing import plan_price_per_hour
@@ -49,18 +50,19 @@ def _engine_specs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Pla
     engines = sum(g.instances for g in plan.rollout)
     specs = []
     for gi, g in enumerate(plan.rollout):
-        cap_running = g.max_num_seqs or cm.efficiency.max_num_seqs  # the plan's cap, else vLLM's default
+        # the plan's cap, else vLLM's default, per attention replica (an EP engine has one per GPU)
+        cap_running = (g.max_num_seqs or cm.efficiency.max_num_seqs) * int(attention_replicas(g.ep))
         if plan.max_concurrent_rollouts is not None:
             cap_running = min(cap_running, math.ceil(plan.max_concurrent_rollouts / engines))
         gpu = cluster.gpu(g.gpu_type)
-        kv = float(cm.kv_capacity_tokens(gpu, model, g.tp))
+        kv = float(cm.kv_capacity_tokens(gpu, model, g.tp, g.ep))
         if kv < workload.max_seq_len:
             raise SpecError(
                 f"a {g.gpu_type} TP{g.tp} engine holds {int(kv)} KV tokens, less than one "
                 f"{workload.max_seq_len}-token sample of {model.name}; raise tp or use larger GPUs"
             )
-        decode = DecodeTable.build(cm, gpu, model, g.tp, cap_running, kv)
-        prefill = PrefillCurve.build(cm, gpu, model, g.tp, kv, workload.prompt_len.expected())
+        decode = DecodeTable.build(cm, gpu, model, g.tp, cap_running, kv, ep=g.ep)
+        prefill = PrefillCurve.build(cm, gpu, model, g.tp, kv, workload.prompt_len.expected(), ep=g.ep)
         mean = workload.prompt_len.expected() + workload.response_len.expected() / 2
         iteration = (0.0, *(decode.total(b, min(kv, b * mean), 1) for b in range(1, cap_running + 1)))
         for i in range(g.instances):
@@ -72,7 +74,7 @@ def _engine_specs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Pla
 def _step_costs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan
                 ) -> Callable[[int], tuple[float, float]]:
     t = plan.trainer
-    kw = {"zero_stage": t.zero_stage, "recompute": t.recompute, **trainer_network(cluster, plan)}
+    kw = {"zero_stage": t.zero_stage, "recompute": t.recompute, "ep": t.ep, **trainer_network(cluster, plan)}
 
     gpu = cluster.gpu(t.gpu_type)
     memo: dict[int, tuple[float, float]] = {}  # steps of fixed-length samples repeat their token count
@@ -196,7 +198,7 @@ def _switch_seconds(cm: CostModel, cluster: Cluster, workload: Workload, plan: P
     t = plan.trainer
     engine_tp = max(g.tp for g in plan.rollout)
     return float(cm.colocate_switch(cluster.gpu(t.gpu_type), workload.model, engine_tp, t.dp, t.tp, t.pp,
-                                    zero_stage=t.zero_stage).seconds)
+                                    zero_stage=t.zero_stage, ep=t.ep).seconds)
 
 
 def _group_key(g: RolloutGroup) -> str:

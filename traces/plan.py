@@ -24,16 +24,22 @@ def _canonical_gpu(value: Any) -> Any:
 
 
 class RolloutGroup(BaseModel):
-    """`instances` inference engines of `tp` GPUs each, all of one type."""
+    """`instances` inference engines of `tp` GPUs each, all of one type.
+
+    `ep` (mixture-of-experts models): 1, or tp for experts sharded whole over the engine's GPUs with
+    data-parallel attention (traces/costmodel/roofline.py).
+    """
 
     model_config = _FROZEN
 
     gpu_type: str
     tp: int = Field(default=1, ge=1, le=64)
+    ep: int = Field(default=1, ge=1, le=64, description="expert-parallel ranks per engine (1 or tp)")
     instances: int = Field(ge=1, le=1_000_000)
     nodes: tuple[int, ...] = Field(default=(), description="concrete node indices, if placed")
     max_num_seqs: int | None = Field(default=None, ge=1, le=65536,
-                                     description="running sequences per engine (vLLM max_num_seqs); None: 256")
+                                     description="running sequences per engine, per attention replica with EP "
+                                                 "(vLLM max_num_seqs); None: 256")
 
     _gpu = field_validator("gpu_type", mode="before")(_canonical_gpu)
 
@@ -43,7 +49,11 @@ class RolloutGroup(BaseModel):
 
 
 class TrainerGroup(BaseModel):
-    """One trainer: dp x tp x pp GPUs of one type (ZeRO/FSDP shards across dp)."""
+    """One trainer: dp x tp x pp GPUs of one type (ZeRO/FSDP shards across dp).
+
+    `ep` (mixture-of-experts models): the routed experts split whole over ep of the dp x tp ranks
+    (Megatron-Core expert parallelism, expert tensor parallelism 1); 1: each expert over tp.
+    """
 
     model_config = _FROZEN
 
@@ -51,6 +61,7 @@ class TrainerGroup(BaseModel):
     dp: int = Field(default=1, ge=1, le=1_000_000)
     tp: int = Field(default=1, ge=1, le=64)
     pp: int = Field(default=1, ge=1, le=1024)
+    ep: int = Field(default=1, ge=1, le=1_000_000, description="expert-parallel ranks (divides dp x tp)")
     zero_stage: Literal[0, 1, 2, 3] = 3
     recompute: Literal["none", "selective", "full"] = "selective"
     nodes: tuple[int, ...] = ()
@@ -107,14 +118,14 @@ class Plan(BaseModel):
         return sum(self.gpus_in_use.values())
 
     def to_frame(self) -> Any:
-        """One row per group: role, GPU type, parallelism, GPUs and nodes (a pandas DataFrame)."""
+        """One row per group: role, GPU type, parallelism (EP included), GPUs and nodes (a pandas DataFrame)."""
         import pandas as pd
 
         t = self.trainer
         rows = [{"role": "rollout", "gpu_type": g.gpu_type, "instances": g.instances, "tp": g.tp, "dp": None,
-                 "pp": None, "gpus": g.gpus, "nodes": _span(g.nodes)} for g in self.rollout]
+                 "pp": None, "ep": g.ep, "gpus": g.gpus, "nodes": _span(g.nodes)} for g in self.rollout]
         rows.append({"role": "train", "gpu_type": t.gpu_type, "instances": 1, "tp": t.tp, "dp": t.dp, "pp": t.pp,
-                     "gpus": t.gpus, "nodes": _span(t.nodes)})
+                     "ep": t.ep, "gpus": t.gpus, "nodes": _span(t.nodes)})
         return pd.DataFrame(rows).astype({"dp": "Int64", "pp": "Int64"})
 
     def summary(self) -> dict[str, Any]:

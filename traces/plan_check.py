@@ -6,6 +6,8 @@ Every problem is listed in one line, so a user fixes them all at once. The rules
   shards heads over TP ranks; with more ranks than KV heads each KV head is replicated, so TP must
   then be a multiple of the KV heads); the trainer's TP likewise; its PP divides no more stages
   than the model has layers;
+- an engine's EP is 1 or its TP, a trainer's divides its dp x tp ranks, and either divides the
+  model's experts (a dense model takes EP 1 only);
 - node indices exist, are of the group's GPU type and hold the group's GPUs; the trainer's are
   its own (a colocated plan's engines share them); engine groups may pack onto common nodes
   if their GPUs fit there together;
@@ -34,6 +36,26 @@ def tp_shards(model: ModelSpec, tp: int) -> str | None:
     kv = model.kv_heads
     if (tp > kv and tp % kv) or (tp <= kv and kv % tp):
         return f"TP {tp} does not split {model.name}'s {kv} KV heads evenly"
+    return None
+
+
+def ep_shards(model: ModelSpec | None, ep: int, ranks: int, engine: bool) -> str | None:
+    """Why `ep` expert-parallel ranks cannot split `model`'s experts over a group of `ranks` GPUs
+    (an engine's tp, a trainer's dp x tp), or None if they can. An engine's EP spans all its GPUs
+    (data-parallel attention) or none; a trainer's divides its dp x tp ranks (Megatron-Core's
+    expert parallelism); either way the experts divide evenly over the ranks."""
+    if ep == 1:
+        return None
+    if engine and ep != ranks:
+        return f"EP {ep} must be 1 or the engine's TP ({ranks})"
+    if not engine and ranks % ep:
+        return f"EP {ep} does not divide the trainer's dp x tp = {ranks} ranks"
+    if model is None:
+        return None
+    if model.moe is None:
+        return f"EP {ep} needs a mixture-of-experts model; {model.name} is dense: use EP 1"
+    if model.moe.experts % ep:
+        return f"EP {ep} does not divide {model.name}'s {model.moe.experts} experts"
     return None
 
 
@@ -106,11 +128,17 @@ def plan_problems(cluster: Cluster, workload: Workload | None, plan: Plan) -> li
         groups = cluster.groups_of(name) if name in have else []
         if groups:
             out += _tp_problems(f"rollout group {i}", g.tp, max(ng.gpus_per_node for ng in groups), name, model)
+        why = ep_shards(model, g.ep, g.tp, engine=True)
+        if why is not None:
+            out.append(f"rollout group {i} {why}")
         out += _node_problems(cluster, f"rollout group {i}", name, g.gpus, g.nodes)
     name = _known(cluster, t.gpu_type)
     groups = cluster.groups_of(name) if name in have else []
     if groups:
         out += _tp_problems("trainer", t.tp, max(ng.gpus_per_node for ng in groups), name, model)
+    why = ep_shards(model, t.ep, t.dp * t.tp, engine=False)
+    if why is not None:
+        out.append(f"trainer {why}")
     if model is not None and t.pp > model.layers:
         out.append(f"trainer PP {t.pp} is more stages than {model.name}'s {model.layers} layers")
     out += _node_problems(cluster, "trainer", name, t.gpus, t.nodes)

@@ -101,7 +101,8 @@ class Router:
     def __post_init__(self) -> None:
         self.keys, self.row_of = key_rows(self.tables)
         self.caps = np.asarray(self.capacities, np.int64)
-        self.rising = bool(np.all(np.diff(self.keys, axis=1) >= 0))
+        with np.errstate(invalid="ignore"):  # rows of unequal capacity pad with inf: inf - inf is nan, not rising
+            self.rising = bool(np.all(np.diff(self.keys, axis=1) >= 0))
 
     def route(self, n: int, accepting: Sequence[bool] | np.ndarray, loads: Sequence[int] | np.ndarray
               ) -> np.ndarray:

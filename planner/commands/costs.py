@@ -17,6 +17,7 @@ from traces import CostModel, GpuType, ModelSpec, SpecError, get_model, load_clu
 from traces.cluster import DEFAULT_INTER_NODE_GB_PER_S, MAX_GB_PER_S, MIN_GB_PER_S
 from traces.costmodel.roofline import train_flops_per_token
 from traces.hardware import find_gpu, gpu_catalog
+from traces.plan_check import ep_shards
 
 NODE_TP = (1, 2, 4, 8)
 
@@ -36,6 +37,8 @@ def register(sub: Any) -> None:
     d = stages.add_parser("decode", help="seconds for one decode iteration of B sequences at mean context L")
     _common(d)
     d.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree (default 1)")
+    d.add_argument("--ep", type=positive_int, default=1,
+                   help="MoE models: expert-parallel ranks, 1 or --tp (data-parallel attention; default 1)")
     d.add_argument("--batch", type=positive_int, required=True, help="running sequences B")
     d.add_argument("--context", type=positive_int, required=True, help="mean context length L, tokens")
     d.set_defaults(handler=decode)
@@ -53,6 +56,8 @@ def register(sub: Any) -> None:
     t.add_argument("--dp", type=positive_int, default=1, help="data-parallel degree")
     t.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
     t.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel degree")
+    t.add_argument("--ep", type=positive_int, default=1,
+                   help="MoE models: expert-parallel ranks among dp x tp (default 1)")
     t.add_argument("--tokens", type=positive_int, required=True, help="tokens per optimizer step N")
     t.add_argument("--seq-len", type=positive_int, default=4096, help="tokens per sequence (default 4096)")
     t.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=3, help="ZeRO/FSDP stage (default 3)")
@@ -119,6 +124,16 @@ def _kv_note(cm: CostModel, gpu: GpuType, model: ModelSpec, capacity: float, fit
     return _fit_hint(cm, gpu, model)
 
 
+def _ep(ep: int) -> str:
+    return f" EP{ep}" if ep > 1 else ""
+
+
+def _check_ep(model: ModelSpec, ep: int, ranks: int, engine: bool) -> None:
+    why = ep_shards(model, ep, ranks, engine)
+    if why is not None:
+        raise SpecError(f"--ep {ep}: {why}")
+
+
 def _fit_hint(cm: CostModel, gpu: GpuType, model: ModelSpec) -> str:
     fitting = [t for t in NODE_TP if float(cm.kv_capacity_tokens(gpu, model, t)) >= 1]
     return f"does not fit; the smallest TP that fits is {fitting[0]}" if fitting else "does not fit"
@@ -126,21 +141,22 @@ def _fit_hint(cm: CostModel, gpu: GpuType, model: ModelSpec) -> str:
 
 def decode(args: argparse.Namespace) -> int:
     cm, gpu, model = CostModel(), _gpu(args, args.gpu), get_model(args.model)
+    _check_ep(model, args.ep, args.tp, engine=True)
     weights_fit = _engine_fit_check(cm, gpu, model, args.tp)
-    est = cm.decode(gpu, model, args.tp, args.batch, args.context)
-    capacity = float(cm.kv_capacity_tokens(gpu, model, args.tp))
-    max_batch = int(cm.max_batch(gpu, model, args.tp, args.context))
+    est = cm.decode(gpu, model, args.tp, args.batch, args.context, args.ep)
+    capacity = float(cm.kv_capacity_tokens(gpu, model, args.tp, args.ep))
+    max_batch = int(cm.max_batch(gpu, model, args.tp, args.context, args.ep))
     fits = weights_fit and args.batch * args.context <= capacity
     seconds = float(est.seconds)
     obj = {
-        "stage": "decode", "gpu": gpu.name, "model": model.name, "tp": args.tp, "batch": args.batch,
+        "stage": "decode", "gpu": gpu.name, "model": model.name, "tp": args.tp, "ep": args.ep, "batch": args.batch,
         "context": args.context, "seconds": seconds, "source": str(est.source), "fits": fits,
         "max_batch": max_batch, "kv_capacity_tokens": int(capacity), "tokens_per_s": args.batch / seconds,
     }
     note = _kv_note(cm, gpu, model, capacity, (weights_fit, fits), f", max batch at this context {max_batch}",
                     f"at most {max_batch} sequences")
     emit(obj, args.json, [
-        f"decode {model.name} on {gpu.name} TP{args.tp}, batch {args.batch} at context {args.context}:",
+        f"decode {model.name} on {gpu.name} TP{args.tp}{_ep(args.ep)}, batch {args.batch} at context {args.context}:",
         f"  {seconds * 1e3:.2f} ms per iteration ({args.batch / seconds:,.0f} tokens/s)  [source: {est.source}]",
         f"  memory: {note}",
     ])
@@ -185,7 +201,8 @@ def _max_sequences(cm: CostModel, gpu: GpuType, model: ModelSpec, args: argparse
     """Most sequences of --seq-len per micro-batch that fit memory (0: not even one)."""
     n = np.arange(1, 1025)
     mem = cm.train_memory_bytes(gpu, model, args.dp, args.tp, args.pp, microbatch_tokens=n * args.seq_len,
-                                seq_len=args.seq_len, zero_stage=args.zero_stage, recompute=args.recompute)
+                                seq_len=args.seq_len, zero_stage=args.zero_stage, recompute=args.recompute,
+                                ep=args.ep)
     ok = n[mem <= gpu.hbm_bytes]
     return int(ok.max()) if ok.size else 0
 
@@ -196,8 +213,9 @@ def train(args: argparse.Namespace) -> int:
         raise SpecError(f"--pp {args.pp} exceeds the {model.layers} layers of {model.name}; lower --pp")
     if args.tp > model.heads:
         raise SpecError(f"--tp {args.tp} exceeds the {model.heads} attention heads of {model.name}; lower --tp")
+    _check_ep(model, args.ep, args.dp * args.tp, engine=False)
     mb = min(args.seq_len, args.tokens)
-    kw = {"seq_len": args.seq_len, "zero_stage": args.zero_stage, "recompute": args.recompute}
+    kw = {"seq_len": args.seq_len, "zero_stage": args.zero_stage, "recompute": args.recompute, "ep": args.ep}
     est = cm.train(gpu, model, args.dp, args.tp, args.pp, args.tokens, microbatch_tokens=mb,
                    gpus_per_node=args.gpus_per_node, inter_node_bytes_per_s=args.inter_node_gb_per_s * 1e9, **kw)
     memory = float(cm.train_memory_bytes(gpu, model, args.dp, args.tp, args.pp, microbatch_tokens=mb, **kw))
@@ -207,13 +225,14 @@ def train(args: argparse.Namespace) -> int:
     mfu = float(train_flops_per_token(model, args.seq_len)) * args.tokens / (seconds * gpus * gpu.bf16_flops)
     obj = {
         "stage": "train", "gpu": gpu.name, "model": model.name, "dp": args.dp, "tp": args.tp, "pp": args.pp,
-        "tokens": args.tokens, "seconds": seconds, "source": str(est.source), "fits": fits,
+        "ep": args.ep, "tokens": args.tokens, "seconds": seconds, "source": str(est.source), "fits": fits,
         "memory_bytes_per_gpu": memory, "max_batch": _max_sequences(cm, gpu, model, args), "mfu": mfu,
         "tokens_per_s": args.tokens / seconds,
     }
     verdict = "fits" if fits else "does NOT fit: raise --dp (ZeRO-3 shards states), --tp or --pp"
     emit(obj, args.json, [
-        f"train {model.name} on {gpus} x {gpu.name} (dp{args.dp} tp{args.tp} pp{args.pp}), {args.tokens:,} tokens:",
+        f"train {model.name} on {gpus} x {gpu.name} (dp{args.dp} tp{args.tp} pp{args.pp}"
+        f"{_ep(args.ep).lower()}), {args.tokens:,} tokens:",
         f"  {seconds:.3f} s per optimizer step ({args.tokens / seconds:,.0f} tokens/s, MFU {mfu:.1%})"
         f"  [source: {est.source}]",
         f"  memory: {memory / 1e9:.1f} GB per GPU of {gpu.hbm_gb:.0f} GB, {verdict}; "

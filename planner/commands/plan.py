@@ -79,8 +79,10 @@ def _lines(report: Any, summary: dict[str, Any], args: argparse.Namespace) -> li
     lines = [f"plan for {plan.workload or 'workload'} on {plan.cluster or 'cluster'}: {plan.mode}"
              + (f", staleness {plan.staleness}" if plan.mode == "async" else "")]
     for g in plan.rollout:
-        lines.append(f"  rollout   {g.instances} x {g.gpu_type} TP{g.tp} engines{_nodes(g.nodes)}")
-    lines.append(f"  trainer   {t.gpus} {t.gpu_type}: dp{t.dp} tp{t.tp} pp{t.pp}, ZeRO-{t.zero_stage}, "
+        ep = f" EP{g.ep}" if g.ep > 1 else ""  # expert parallelism (MoE models)
+        lines.append(f"  rollout   {g.instances} x {g.gpu_type} TP{g.tp}{ep} engines{_nodes(g.nodes)}")
+    ep = f" ep{t.ep}" if t.ep > 1 else ""
+    lines.append(f"  trainer   {t.gpus} {t.gpu_type}: dp{t.dp} tp{t.tp} pp{t.pp}{ep}, ZeRO-{t.zero_stage}, "
                  f"{t.recompute} recompute{_nodes(t.nodes)}")
     lines.append(f"  throughput {summary['samples_per_s']:.2f} samples/s simulated, {s.samples_per_s:.2f} analytic "
                  f"(LP bound {s.lp_bound:.2f}, gap {s.gap:.2%})")

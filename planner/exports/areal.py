@@ -20,10 +20,18 @@ RPC_SERVER = "python -m areal.infra.rpc.rpc_server"  # AReaL's default worker co
 
 
 def backend(plan: Plan, role: Role) -> str:
-    """The ModelAllocation string of a role: vllm:d<engines>t<tp>, or fsdp:d<dp> / megatron:d<dp>p<pp>t<tp>."""
+    """The ModelAllocation string of a role: vllm:d<engines>t<tp>, or fsdp:d<dp> / megatron:d<dp>p<pp>t<tp>;
+    an expert-parallel trainer as MoE parallel folding, megatron:(attn:d<dp>p<pp>t<tp>|ffn:d<edp>p<pp>t1e<ep>)
+    (expert tensor parallelism 1, edp = dp tp / ep: AReaL's ParallelStrategy, after Megatron-Core)."""
     if role.name == "rollout":
+        if role.ep > 1:
+            raise SpecError(f"plan: the rollout runs expert-parallel engines (TP{role.tp} EP{role.ep}); AReaL's "
+                            "rollout backend string has no expert-parallel dimension: re-plan with "
+                            "`rlfleet plan --framework areal`")
         return f"vllm:d{role.gpus // role.tp}t{role.tp}"
     t = plan.trainer
+    if t.ep > 1:
+        return f"megatron:(attn:d{t.dp}p{t.pp}t{t.tp}|ffn:d{t.dp * t.tp // t.ep}p{t.pp}t1e{t.ep})"
     if t.tp == 1 and t.pp == 1:
         return f"fsdp:d{t.dp}"
     return f"megatron:d{t.dp}p{t.pp}t{t.tp}"

@@ -26,6 +26,7 @@ class Role:
     nodes: tuple[int, ...]
     gpus_per_node: int
     tp: int  # the rollout's engine TP; the trainer's tensor-parallel degree
+    ep: int = 1  # the rollout's engine EP (1 or tp); the trainer's expert-parallel degree
 
     @property
     def whole_nodes(self) -> int:
@@ -43,20 +44,20 @@ def node_size(cluster: Cluster, gpu_type: str, nodes: tuple[int, ...]) -> int:
 
 def rollout_role(plan: Plan, cluster: Cluster, framework: str) -> Role:
     """The rollout as one engine kind, or SpecError naming the re-plan that makes it one."""
-    kinds = sorted({(g.gpu_type, g.tp) for g in plan.rollout})
+    kinds = sorted({(g.gpu_type, g.tp, g.ep) for g in plan.rollout})
     if len(kinds) != 1:
-        have = ", ".join(f"{t} TP{tp}" for t, tp in kinds)
+        have = ", ".join(f"{t} TP{tp}" + (f" EP{ep}" if ep > 1 else "") for t, tp, ep in kinds)
         raise SpecError(f"plan: the rollout mixes engine kinds ({have}); {framework} runs one rollout engine kind "
                         f"on one GPU type: re-plan with `rlfleet plan --framework {framework}`")
-    gpu_type, tp = kinds[0]
+    gpu_type, tp, ep = kinds[0]
     nodes = tuple(sorted({n for g in plan.rollout for n in g.nodes}))
     gpus = sum(g.gpus for g in plan.rollout)
-    return Role("rollout", gpu_type, gpus, nodes, node_size(cluster, gpu_type, nodes), tp)
+    return Role("rollout", gpu_type, gpus, nodes, node_size(cluster, gpu_type, nodes), tp, ep)
 
 
 def trainer_role(plan: Plan, cluster: Cluster) -> Role:
     t = plan.trainer
-    return Role("train", t.gpu_type, t.gpus, t.nodes, node_size(cluster, t.gpu_type, t.nodes), t.tp)
+    return Role("train", t.gpu_type, t.gpus, t.nodes, node_size(cluster, t.gpu_type, t.nodes), t.tp, t.ep)
 
 
 def host_names(cluster: Cluster, hosts: str | os.PathLike[str] | None) -> list[str]:

@@ -66,12 +66,12 @@ def spec(plan: Plan, cluster: Cluster, workload: Workload, recipe: str | None = 
                         f"ppo_minibatches ({workload.ppo_minibatches}); verl's minibatch is a whole number of "
                         "prompts: change one of them")
     t = plan.trainer
-    megatron = t.tp > 1 or t.pp > 1
+    megatron = t.tp > 1 or t.pp > 1 or t.ep > 1  # FSDP has no expert parallelism
     folder, fsdp_name, megatron_name = RECIPES[recipe]
     nnodes, per_node = _rectangle(trainer)
     minibatch = workload.prompts_per_step // workload.ppo_minibatches
     over = [f"trainer.nnodes={nnodes}", f"trainer.n_gpus_per_node={per_node}",
-            f"actor_rollout_ref.rollout.tensor_model_parallel_size={rollout.tp}",
+            *_rollout_parallel(rollout),
             f"actor_rollout_ref.rollout.n={workload.group_size}",
             f"data.train_batch_size={workload.prompts_per_step}",
             f"actor_rollout_ref.actor.ppo_mini_batch_size={minibatch}",
@@ -80,6 +80,9 @@ def spec(plan: Plan, cluster: Cluster, workload: Workload, recipe: str | None = 
     if megatron:
         over += [f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={t.tp}",
                  f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={t.pp}"]
+    if t.ep > 1:  # Megatron-Core expert parallelism over ep of the dp x tp ranks, experts whole
+        over += [f"actor_rollout_ref.actor.megatron.expert_model_parallel_size={t.ep}",
+                 "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1"]
     if recipe != "ppo":
         r_nodes, r_per_node = _rectangle(rollout)
         over += [SEARCH_PATH, f"rollout.nnodes={r_nodes}", f"rollout.n_gpus_per_node={r_per_node}"]
@@ -93,6 +96,16 @@ def spec(plan: Plan, cluster: Cluster, workload: Workload, recipe: str | None = 
                  "async_training.require_batches=1",
                  f"async_training.partial_rollout={workload.interruptible}"]
     return {"config_dir": folder, "config_name": megatron_name if megatron else fsdp_name, "overrides": over}
+
+
+def _rollout_parallel(rollout: Role) -> list[str]:
+    """The rollout replica's layout: TP tp, or (EP) data-parallel attention over its tp GPUs with the
+    experts split over all of them (verl's rollout data_parallel_size and expert_parallel_size)."""
+    prefix = "actor_rollout_ref.rollout"
+    if rollout.ep == 1:
+        return [f"{prefix}.tensor_model_parallel_size={rollout.tp}"]
+    return [f"{prefix}.tensor_model_parallel_size=1", f"{prefix}.data_parallel_size={rollout.ep}",
+            f"{prefix}.expert_parallel_size={rollout.ep}"]
 
 
 def header(plan: Plan, cluster: Cluster, names: list[str]) -> list[str]:

@@ -17,6 +17,7 @@ from traces.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from traces.costmodel.tables import KEYS, ProfileTable
 from traces.hardware import GpuType
 from traces.models import ModelSpec
+from traces.moe import attention_replicas
 
 ROOFLINE, PROFILE, SCALED = "roofline", "profile", "profile-scaled"
 
@@ -57,43 +58,46 @@ class CostModel:
         return cls(ProfileTable.empty(), efficiency)
 
     # ---- the stages --------------------------------------------------------------------
-    def decode(self, gpu: GpuType, model: ModelSpec, tp: ArrayLike, batch: ArrayLike, context: ArrayLike) -> Estimate:
-        """Seconds of one decode iteration: `batch` sequences at mean context `context`."""
+    def decode(self, gpu: GpuType, model: ModelSpec, tp: ArrayLike, batch: ArrayLike, context: ArrayLike,
+               ep: ArrayLike = 1) -> Estimate:
+        """Seconds of one decode iteration: `batch` sequences at mean context `context` (ep: see roofline)."""
         eff = self.efficiency
         return self._blend(
-            "decode", gpu, model, {"tp": tp}, {"batch": batch, "context": context},
-            lambda k, a: rf.decode_seconds(gpu, model, k["tp"], a["batch"], a["context"], eff),
+            "decode", gpu, model, {"tp": tp, "ep": ep}, {"batch": batch, "context": context},
+            lambda k, a: rf.decode_seconds(gpu, model, k["tp"], a["batch"], a["context"], eff, k["ep"]),
         )
 
     def prefill(
-        self, gpu: GpuType, model: ModelSpec, tp: ArrayLike, tokens: ArrayLike, context: ArrayLike | None = None
+        self, gpu: GpuType, model: ModelSpec, tp: ArrayLike, tokens: ArrayLike, context: ArrayLike | None = None,
+        ep: ArrayLike = 1,
     ) -> Estimate:
         """Seconds to prefill `tokens` tokens of sequences `context` long (default: one sequence)."""
         eff = self.efficiency
         ctx = tokens if context is None else context
         return self._blend(
-            "prefill", gpu, model, {"tp": tp}, {"tokens": tokens},
-            lambda k, a: rf.prefill_seconds(gpu, model, k["tp"], a["tokens"], np.minimum(ctx, a["tokens"]), eff),
+            "prefill", gpu, model, {"tp": tp, "ep": ep}, {"tokens": tokens},
+            lambda k, a: rf.prefill_seconds(gpu, model, k["tp"], a["tokens"], np.minimum(ctx, a["tokens"]), eff,
+                                            k["ep"]),
         )
 
     def train(
         self, gpu: GpuType, model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, tokens: ArrayLike,
         *, seq_len: ArrayLike = 4096, microbatch_tokens: ArrayLike | None = None, zero_stage: int = 3,
         recompute: str = "selective", virtual_stages: int = 1, gpus_per_node: int = 8,
-        inter_node_bytes_per_s: float = 50e9,
+        inter_node_bytes_per_s: float = 50e9, ep: ArrayLike = 1,
     ) -> Estimate:
         """Seconds of one optimizer step over `tokens` tokens (sequences `seq_len` long)."""
         return self._train_like("train", gpu, model, dp, tp, pp, tokens, seq_len, microbatch_tokens,
-                                zero_stage, recompute, virtual_stages, gpus_per_node, inter_node_bytes_per_s)
+                                zero_stage, recompute, virtual_stages, gpus_per_node, inter_node_bytes_per_s, ep)
 
     def logprob(
         self, gpu: GpuType, model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, tokens: ArrayLike,
         *, seq_len: ArrayLike = 4096, microbatch_tokens: ArrayLike | None = None, zero_stage: int = 3,
-        gpus_per_node: int = 8, inter_node_bytes_per_s: float = 50e9,
+        gpus_per_node: int = 8, inter_node_bytes_per_s: float = 50e9, ep: ArrayLike = 1,
     ) -> Estimate:
         """Seconds of the forward-only logprob recompute pass over `tokens` tokens."""
         return self._train_like("logprob", gpu, model, dp, tp, pp, tokens, seq_len, microbatch_tokens,
-                                zero_stage, "none", 1, gpus_per_node, inter_node_bytes_per_s)
+                                zero_stage, "none", 1, gpus_per_node, inter_node_bytes_per_s, ep)
 
     def sync(self, trainer_gpu: GpuType, model: ModelSpec, engines: ArrayLike, path_bytes_per_s: ArrayLike) -> Estimate:
         """Seconds to push new weights from trainer rank 0 to `engines` engines over the path."""
@@ -105,29 +109,31 @@ class CostModel:
 
     def colocate_switch(
         self, gpu: GpuType, model: ModelSpec, engine_tp: ArrayLike, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike,
-        *, zero_stage: int = 3,
+        *, zero_stage: int = 3, ep: ArrayLike = 1,
     ) -> Estimate:
         """Seconds of one hand-over of colocated GPUs between engine and trainer (roofline only)."""
         secs = np.asarray(rf.colocate_switch_seconds(gpu, model, engine_tp, dp, tp, pp, self.efficiency,
-                                                     zero_stage=zero_stage), float)
+                                                     zero_stage=zero_stage, ep=ep), float)
         return Estimate(secs, np.full(secs.shape, ROOFLINE, dtype=object))
 
     # ---- memory ------------------------------------------------------------------------
-    def kv_capacity_tokens(self, gpu: GpuType, model: ModelSpec, tp: ArrayLike) -> np.ndarray:
-        return rf.kv_capacity_tokens(gpu, model, tp, self.efficiency)
+    def kv_capacity_tokens(self, gpu: GpuType, model: ModelSpec, tp: ArrayLike, ep: ArrayLike = 1) -> np.ndarray:
+        return rf.kv_capacity_tokens(gpu, model, tp, self.efficiency, ep)
 
-    def max_batch(self, gpu: GpuType, model: ModelSpec, tp: ArrayLike, context: ArrayLike) -> np.ndarray:
-        """Sequences of `context` tokens an engine can run at once (0: not even one fits)."""
-        cap = np.floor(self.kv_capacity_tokens(gpu, model, tp) / np.maximum(np.asarray(context, float), 1))
-        return np.minimum(cap, self.efficiency.max_num_seqs).astype(np.int64)
+    def max_batch(self, gpu: GpuType, model: ModelSpec, tp: ArrayLike, context: ArrayLike,
+                  ep: ArrayLike = 1) -> np.ndarray:
+        """Sequences of `context` tokens an engine can run at once (0: not even one fits); max_num_seqs
+        caps each attention replica (an EP engine has one per GPU: traces.moe.attention_replicas)."""
+        cap = np.floor(self.kv_capacity_tokens(gpu, model, tp, ep) / np.maximum(np.asarray(context, float), 1))
+        return np.minimum(cap, self.efficiency.max_num_seqs * attention_replicas(ep)).astype(np.int64)
 
     def train_memory_bytes(
         self, gpu: GpuType, model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, *,
         microbatch_tokens: ArrayLike = 4096, seq_len: ArrayLike = 4096, zero_stage: int = 3,
-        recompute: str = "selective",
+        recompute: str = "selective", ep: ArrayLike = 1,
     ) -> np.ndarray:
         return rf.train_memory_bytes(gpu, model, dp, tp, pp, self.efficiency, microbatch_tokens=microbatch_tokens,
-                                     seq_len=seq_len, zero_stage=zero_stage, recompute=recompute)
+                                     seq_len=seq_len, zero_stage=zero_stage, recompute=recompute, ep=ep)
 
     def train_fits(
         self, gpu: GpuType, model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, **kw: object
@@ -137,7 +143,7 @@ class CostModel:
     # ---- composite ---------------------------------------------------------------------
     def generation_rate(
         self, gpu: GpuType, model: ModelSpec, tp: ArrayLike, *, prompt_mean: float, response_mean: float,
-        response_sq_mean: float | None = None, max_num_seqs: int | None = None,
+        response_sq_mean: float | None = None, max_num_seqs: ArrayLike | None = None, ep: ArrayLike = 1,
     ) -> GenerationRate:
         """Steady-state samples/s of one engine under continuous batching.
 
@@ -148,13 +154,13 @@ class CostModel:
         """
         sq = response_sq_mean if response_sq_mean is not None else response_mean**2
         context = prompt_mean + sq / (2 * response_mean)
-        batch = self.max_batch(gpu, model, tp, context)
+        batch = self.max_batch(gpu, model, tp, context, ep)
         if max_num_seqs is not None:
             batch = np.minimum(batch, max_num_seqs)
         b = np.maximum(batch, 1)
-        it = self.decode(gpu, model, tp, b, context)
+        it = self.decode(gpu, model, tp, b, context, ep)
         per_chunk = max(1, int(self.efficiency.prefill_chunk_tokens // max(prompt_mean, 1)))
-        pre = self.prefill(gpu, model, tp, prompt_mean * per_chunk, prompt_mean)
+        pre = self.prefill(gpu, model, tp, prompt_mean * per_chunk, prompt_mean, ep)
         per_sample = pre.seconds / per_chunk + response_mean * it.seconds / b
         samples = np.where(batch > 0, 1.0 / per_sample, 0.0)
         return GenerationRate(samples, samples * response_mean, batch, it.seconds, it.source)
@@ -163,7 +169,7 @@ class CostModel:
     def _train_like(
         self, stage: str, gpu: GpuType, model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike,
         tokens: ArrayLike, seq_len: ArrayLike, microbatch_tokens: ArrayLike | None, zero_stage: int,
-        recompute: str, virtual_stages: int, gpus_per_node: int, inter_node: float,
+        recompute: str, virtual_stages: int, gpus_per_node: int, inter_node: float, ep: ArrayLike,
     ) -> Estimate:
         eff = self.efficiency
         mb = seq_len if microbatch_tokens is None else microbatch_tokens
@@ -173,9 +179,10 @@ class CostModel:
                 gpu, model, k["dp"], k["tp"], k["pp"], a["tokens"], eff, seq_len=seq_len, microbatch_tokens=mb,
                 zero_stage=zero_stage, recompute=recompute, virtual_stages=virtual_stages,
                 gpus_per_node=gpus_per_node, inter_node_bytes_per_s=inter_node, forward_only=stage == "logprob",
+                ep=k["ep"],
             )
 
-        return self._blend(stage, gpu, model, {"dp": dp, "tp": tp, "pp": pp}, {"tokens": tokens}, roof)
+        return self._blend(stage, gpu, model, {"dp": dp, "tp": tp, "pp": pp, "ep": ep}, {"tokens": tokens}, roof)
 
     def _blend(
         self, stage: str, gpu: GpuType, model: ModelSpec, keys: dict[str, ArrayLike], axes: dict[str, ArrayLike],
@@ -196,12 +203,13 @@ class CostModel:
             stacked = np.stack([k[n].ravel() for n in key_names], axis=1)
             combos = [tuple(row) for row in np.unique(stacked, axis=0)]
         for combo in combos:
-            mask = np.ones(seconds.shape, bool)
+            # measured rows have no expert-parallel column: they price ep = 1 layouts only
+            mask = k["ep"] <= 1 if "ep" in k else np.ones(seconds.shape, bool)
             sub = rows
             for name, value in zip(key_names, combo, strict=True):
                 mask &= k[name] == value
                 sub = sub[sub[name] == value]
-            if sub.empty:
+            if sub.empty or not mask.any():
                 continue
             found = self.tables.lookup(sub, stage, {n: a[n][mask] for n in a})
             inside = ~np.isnan(found.seconds)

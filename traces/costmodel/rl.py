@@ -17,11 +17,12 @@ from traces.workload import Workload
 
 def trainer_step_seconds(
     cm: CostModel, gpu: GpuType, workload: Workload, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, tokens: ArrayLike,
-    *, zero_stage: int, recompute: str, gpus_per_node: int, inter_node_bytes_per_s: float,
+    *, zero_stage: int, recompute: str, gpus_per_node: int, inter_node_bytes_per_s: float, ep: ArrayLike = 1,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(logprob seconds, train seconds) of one step over `tokens` tokens; vectorised over configs."""
     kw = {"seq_len": workload.mean_tokens_per_sample, "microbatch_tokens": workload.max_seq_len,
-          "zero_stage": zero_stage, "gpus_per_node": gpus_per_node, "inter_node_bytes_per_s": inter_node_bytes_per_s}
+          "zero_stage": zero_stage, "gpus_per_node": gpus_per_node, "inter_node_bytes_per_s": inter_node_bytes_per_s,
+          "ep": ep}
     # the old policy's logprobs (recomputed unless the engines returned them) and the reference's
     passes = (0 if workload.rollout_logprobs else 1) + (1 if workload.kl_reference else 0)
     m = workload.ppo_minibatches
@@ -33,8 +34,8 @@ def trainer_step_seconds(
 
 def trainer_fits(
     cm: CostModel, gpu: GpuType, workload: Workload, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike,
-    *, zero_stage: int, recompute: str,
+    *, zero_stage: int, recompute: str, ep: ArrayLike = 1,
 ) -> np.ndarray:
     """Whether the trainer's weights, optimizer states and one micro-batch fit in HBM."""
     return cm.train_fits(gpu, workload.model, dp, tp, pp, microbatch_tokens=workload.max_seq_len,
-                         seq_len=workload.mean_tokens_per_sample, zero_stage=zero_stage, recompute=recompute)
+                         seq_len=workload.mean_tokens_per_sample, zero_stage=zero_stage, recompute=recompute, ep=ep)

@@ -1,7 +1,17 @@
 """Analytic (roofline) costs. Pure numpy functions: every count argument may be an array.
 
-Notation: P = parameters doing matmuls, W = weight bytes, kv = KV bytes per token (all layers),
-F = bf16 peak FLOP/s, BW = HBM bytes/s, e_* = fitted efficiencies (efficiency.py).
+Notation: P = parameters doing matmuls (a token's active ones), W = weight bytes, kv = KV bytes
+per token (all layers), F = bf16 peak FLOP/s, BW = HBM bytes/s, e_* = fitted efficiencies
+(efficiency.py).
+
+Mixture-of-experts models (traces/moe.py): a pass reads the dense weights plus the experts its
+tokens touch (moe.expected_distinct_experts), and computes on the active parameters. An engine's
+`ep` (1, or its tp) shards the experts whole over its GPUs and runs attention data-parallel, one
+replica per GPU (SGLang's --enable-dp-attention with --ep-size tp; vLLM's --enable-expert-parallel
+with data-parallel attention); tokens then reach their experts by two all-to-alls per MoE layer,
+dispatch and combine (GShard, Lepikhin et al. 2020, arXiv:2006.16668, sec. 3.2). A trainer's `ep`
+shards the experts over ep of its dp x tp ranks (Megatron-Core's expert parallelism with expert
+tensor parallelism 1; ZeRO then shards expert states over the remaining dp x tp / ep ranks).
 """
 
 from __future__ import annotations
@@ -10,8 +20,17 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from traces.costmodel.efficiency import Efficiency
+from traces.costmodel.experts import (
+    alltoall_seconds,
+    expert_train_matmul,
+    expert_ways,
+    routed_flops_per_token,
+    touched_weight_bytes,
+    train_alltoall_seconds,
+)
 from traces.hardware import GpuType
 from traces.models import ModelSpec
+from traces.moe import attention_replicas
 
 Array = NDArray[np.float64]
 
@@ -35,63 +54,100 @@ def allreduce_seconds(nbytes: ArrayLike, ranks: ArrayLike, link_bytes_per_s: flo
     return np.where(n > 1, traffic / link_bytes_per_s + eff.collective_latency_s, 0.0)
 
 
-def decode_seconds(
-    gpu: GpuType, model: ModelSpec, tp: ArrayLike, batch: ArrayLike, context: ArrayLike, eff: Efficiency
-) -> Array:
-    """One decode iteration of an engine: B sequences at mean context L, TP t.
+def _attention_split(tp: Array, ep: Array) -> tuple[Array, Array]:
+    """(attention TP ways, attention replicas) of an engine: an EP engine runs one replica per GPU."""
+    replicas = attention_replicas(ep)
+    return tp / replicas, replicas
 
-    max(compute, memory) + TP all-reduces + an overhead (fixed + per running sequence), where
-    compute = (2 P B + 4 layers B L q_dim) / (t F e_mm)   (matmuls + attention scores/values)
-    memory  = (W + B L kv) / (t BW e_mem)                  (stream weights and the KV cache once)
+
+def _engine_pass_seconds(
+    gpu: GpuType, model: ModelSpec, tp: Array, ep: Array, tokens: Array, flops: Array, kv_bytes: Array,
+    eff: Efficiency,
+) -> tuple[Array, Array]:
+    """(max(compute, memory), communication) of one engine forward pass over `tokens` tokens.
+
+    Per GPU: compute = flops / (t F e_mm); memory = (dense W / a + (touched experts + KV) / t) /
+    (BW e_mem), with a = t (TP) or 1 (EP: dense weights whole on every GPU); TP: 2 all-reduces per
+    layer of the replica's tokens x hidden over a ranks; EP: 2 all-to-alls per MoE layer of the
+    GPU's tokens x top-k x hidden.
+    """
+    a, replicas = _attention_split(tp, ep)
+    dense = model.weight_bytes - model.expert_bytes
+    experts = touched_weight_bytes(model, tokens) - dense
+    compute = flops / (tp * gpu.bf16_flops * _matmul_eff(gpu, eff))
+    memory = (dense * (tp / a) + experts + kv_bytes) / (tp * gpu.hbm_bytes_per_s * _memory_eff(gpu, eff))
+    msg = tokens / replicas * model.hidden * model.bytes_per_param
+    comm = 2 * model.layers * allreduce_seconds(msg, a, gpu.link_bytes_per_s, eff)
+    if model.moe is not None:
+        routed = tokens / replicas * model.moe.experts_per_token * model.hidden * model.bytes_per_param
+        comm = comm + 2 * model.moe_layers * alltoall_seconds(routed, ep, gpu.link_bytes_per_s, eff)
+    return np.maximum(compute, memory), comm
+
+
+def decode_seconds(
+    gpu: GpuType, model: ModelSpec, tp: ArrayLike, batch: ArrayLike, context: ArrayLike, eff: Efficiency,
+    ep: ArrayLike = 1,
+) -> Array:
+    """One decode iteration of an engine: B sequences at mean context L, TP t (EP: see above).
+
+    max(compute, memory) + TP all-reduces (+ EP all-to-alls) + an overhead (fixed + per running
+    sequence), where
+    compute = (2 P B + 4 layers B L attn_dim) / (t F e_mm)  (matmuls + attention scores/values)
+    memory  = (W_touched(B) + B L kv) / (t BW e_mem)         (stream weights and the KV cache once)
     TP: 2 all-reduces per layer of B x hidden activations over the intra-node link.
     """
-    t, b, ctx = _f(tp), _f(batch), _f(context)
-    flops = 2 * model.compute_params * b + 4 * model.layers * b * ctx * model.q_dim
-    compute = flops / (t * gpu.bf16_flops * _matmul_eff(gpu, eff))
-    memory = (model.weight_bytes + b * ctx * model.kv_bytes_per_token) / (
-        t * gpu.hbm_bytes_per_s * _memory_eff(gpu, eff)
-    )
-    msg = b * model.hidden * model.bytes_per_param
-    tp_comm = 2 * model.layers * allreduce_seconds(msg, t, gpu.link_bytes_per_s, eff)
-    return np.maximum(compute, memory) + tp_comm + eff.decode_overhead_s + eff.decode_overhead_per_seq_s * b
+    t, b, ctx, e = _f(tp), _f(batch), _f(context), _f(ep)
+    flops = 2 * model.compute_params * b + 4 * model.layers * b * ctx * model.attn_dim
+    roof, comm = _engine_pass_seconds(gpu, model, t, e, b, flops, b * ctx * model.kv_bytes_per_token, eff)
+    return roof + comm + eff.decode_overhead_s + eff.decode_overhead_per_seq_s * b
 
 
 def prefill_seconds(
-    gpu: GpuType, model: ModelSpec, tp: ArrayLike, tokens: ArrayLike, context: ArrayLike, eff: Efficiency
+    gpu: GpuType, model: ModelSpec, tp: ArrayLike, tokens: ArrayLike, context: ArrayLike, eff: Efficiency,
+    ep: ArrayLike = 1,
 ) -> Array:
-    """Prefill T tokens of sequences about L long: 2 P T + causal attention 2 layers T L q_dim FLOPs.
+    """Prefill T tokens of sequences about L long: 2 P T + causal attention 2 layers T L attn_dim FLOPs.
 
-    Weights are read once per pass (memory floor); TP adds 2 all-reduces per layer of T x hidden.
+    The weights the tokens touch are read once per pass (memory floor); TP adds 2 all-reduces per
+    layer of T x hidden (EP: all-to-alls, as decode_seconds).
     """
-    t, n, ctx = _f(tp), _f(tokens), _f(context)
-    flops = 2 * model.compute_params * n + 2 * model.layers * n * ctx * model.q_dim
-    compute = flops / (t * gpu.bf16_flops * _matmul_eff(gpu, eff))
-    memory = model.weight_bytes / (t * gpu.hbm_bytes_per_s * _memory_eff(gpu, eff))
-    msg = n * model.hidden * model.bytes_per_param
-    tp_comm = 2 * model.layers * allreduce_seconds(msg, t, gpu.link_bytes_per_s, eff)
-    return np.maximum(compute, memory) + tp_comm + eff.prefill_overhead_s
+    t, n, ctx, e = _f(tp), _f(tokens), _f(context), _f(ep)
+    flops = 2 * model.compute_params * n + 2 * model.layers * n * ctx * model.attn_dim
+    roof, comm = _engine_pass_seconds(gpu, model, t, e, n, flops, np.zeros_like(n), eff)
+    return roof + comm + eff.prefill_overhead_s
 
 
-def kv_capacity_tokens(gpu: GpuType, model: ModelSpec, tp: ArrayLike, eff: Efficiency) -> Array:
-    """Tokens of KV cache an engine of TP t can hold: (t (f HBM - reserve) - W) / kv.
+def engine_weight_bytes_per_gpu(model: ModelSpec, tp: ArrayLike, ep: ArrayLike = 1) -> Array:
+    """Weights one GPU of an engine holds: dense weights over the attention TP, experts over all t."""
+    t, e = _f(tp), _f(ep)
+    a, _ = _attention_split(t, e)
+    return (model.weight_bytes - model.expert_bytes) / a + model.expert_bytes / t
 
-    When t exceeds the KV heads, heads are replicated, so each GPU holds 1/kv_heads of kv.
+
+def kv_capacity_tokens(gpu: GpuType, model: ModelSpec, tp: ArrayLike, eff: Efficiency, ep: ArrayLike = 1) -> Array:
+    """Tokens of KV cache an engine of TP t can hold: r (f HBM - reserve - W_gpu) / (kv / a').
+
+    With a attention TP ways over r replicas (r = 1, a = t without EP), each GPU holds kv / a of a
+    token, or kv / kv_shards once a exceeds the KV heads (they are replicated; MLA's latent is not
+    split at all).
     """
-    t = _f(tp)
-    free_per_gpu = gpu.hbm_bytes * eff.engine_memory_fraction - eff.engine_reserve_bytes - model.weight_bytes / t
-    kv_per_gpu_per_token = model.kv_bytes_per_token * np.maximum(1 / t, 1 / model.kv_heads)
-    return np.maximum(free_per_gpu, 0.0) / kv_per_gpu_per_token
+    t, e = _f(tp), _f(ep)
+    a, replicas = _attention_split(t, e)
+    free_per_gpu = (gpu.hbm_bytes * eff.engine_memory_fraction - eff.engine_reserve_bytes
+                    - engine_weight_bytes_per_gpu(model, t, e))
+    kv_per_gpu_per_token = model.kv_bytes_per_token * np.maximum(1 / a, 1 / model.kv_shards)
+    return replicas * np.maximum(free_per_gpu, 0.0) / kv_per_gpu_per_token
 
 
 def train_flops_per_token(model: ModelSpec, seq_len: ArrayLike) -> Array:
     """Model FLOPs per trained token, the MFU convention of Megatron/torchtitan:
-    6 P (forward + backward matmuls) + 12 layers s q_dim (attention, no causal discount)."""
-    return 6.0 * model.compute_params + 12.0 * model.layers * _f(seq_len) * model.q_dim
+    6 P (forward + backward matmuls) + 12 layers s attn_dim (attention, no causal discount)."""
+    return 6.0 * model.compute_params + 12.0 * model.layers * _f(seq_len) * model.attn_dim
 
 
 def _recompute_flops_per_token(model: ModelSpec, seq_len: Array, recompute: str) -> Array:
     if recompute == "full":  # the whole forward again
-        return 2.0 * model.compute_params + 4.0 * model.layers * seq_len * model.q_dim
+        return 2.0 * model.compute_params + 4.0 * model.layers * seq_len * model.attn_dim
     # 'selective' recomputes the attention core (Korthikanti et al. 2022), which flash attention's
     # backward recomputes anyway: no extra FLOPs.
     return np.zeros_like(seq_len)
@@ -120,6 +176,7 @@ def train_seconds(
     gpus_per_node: int = 8,
     inter_node_bytes_per_s: float = 50e9,
     forward_only: bool = False,
+    ep: ArrayLike = 1,
 ) -> Array:
     """One optimizer step over N tokens on dp x tp x pp GPUs (or one forward pass if forward_only).
 
@@ -127,15 +184,20 @@ def train_seconds(
         fill = mb / (mb + half): a micro-batch of mb tokens fills the GPU less when small
     TP: 4 all-reduces per layer (2 forward, 2 backward) of the rank's tokens x hidden.
     DP: all-reduce of gradients 2(dp-1)/dp W/(tp pp) (+ parameter all-gathers under ZeRO-3),
-        a share `comm_overlap` hidden behind compute (never less than what compute cannot hide).
+        a share `comm_overlap` hidden behind compute (never less than what compute cannot hide);
+        with EP the expert part is 2(edp-1)/edp W_experts/(ep pp) over edp = dp tp / ep ranks.
+    EP: the all-to-alls of experts.train_alltoall_seconds, exposed.
     """
     d, t, p, n = _f(dp), _f(tp), _f(pp), _f(tokens)
     s, mb = _f(seq_len), _f(microbatch_tokens)
     gpus = d * t * p
     if forward_only:
-        per_token = 2.0 * model.compute_params + 4.0 * model.layers * s * model.q_dim
+        per_token = 2.0 * model.compute_params + 4.0 * model.layers * s * model.attn_dim
     else:
         per_token = train_flops_per_token(model, s) + _recompute_flops_per_token(model, s, recompute)
+    # routed experts run below the dense matmul rate (experts.EXPERT_MATMUL): their extra time as FLOPs
+    matmul_passes = 1.0 if forward_only else 3.0 + (1.0 if recompute == "full" else 0.0)
+    per_token = per_token + routed_flops_per_token(model, matmul_passes) * (1 / expert_train_matmul(eff) - 1)
     fill = mb / (mb + eff.train_half_tokens)  # small micro-batches leave the GPU part idle
     compute = per_token * n / (gpus * gpu.bf16_flops * (gpu.matmul_ceiling * eff.train_matmul) * fill)
     microbatches = np.maximum(np.ceil(n / d / mb), 1.0)
@@ -146,15 +208,23 @@ def train_seconds(
     tp_msg = rank_tokens * model.hidden * model.bytes_per_param
     tp_comm = passes * 2 * (model.layers / p) * allreduce_seconds(tp_msg, t, gpu.link_bytes_per_s, eff)
 
-    shard_bytes = model.weight_bytes / (t * p)
+    e = _f(ep)
+    ways = expert_ways(t, e)
+    edp = d * t / ways  # ranks holding the same experts (dp without EP)
+    shard_bytes = (model.weight_bytes - model.expert_bytes) / (t * p)
+    expert_shard = model.expert_bytes / (ways * p)
     # Forward: ZeRO-3 gathers parameters once. Step: reduce-scatter + all-gather of gradients,
     # plus ZeRO-3's second parameter gather in the backward pass.
     gathers = 1.0 if zero_stage == 3 else 0.0
     volume = gathers if forward_only else 2.0 + gathers
     dp_bw = _dp_bandwidth(gpu, t, p, d, gpus_per_node, inter_node_bytes_per_s)
     dp_comm = np.where(d > 1, volume * (d - 1) / d * shard_bytes / dp_bw, 0.0)
+    dp_comm = dp_comm + np.where(edp > 1, volume * (edp - 1) / edp * expert_shard / dp_bw, 0.0)
     exposed = np.maximum((1 - eff.comm_overlap) * dp_comm, dp_comm - compute)
-    return compute + tp_comm + exposed
+    a2a_passes = 1.0 if forward_only else 2.0 + (1.0 if recompute == "full" else 0.0)
+    a2a = train_alltoall_seconds(model, d, t, p, e, n, eff, passes=a2a_passes, link_bytes_per_s=gpu.link_bytes_per_s,
+                                 gpus_per_node=gpus_per_node, inter_node_bytes_per_s=inter_node_bytes_per_s)
+    return compute + tp_comm + exposed + a2a
 
 
 def train_memory_bytes(
@@ -169,6 +239,7 @@ def train_memory_bytes(
     seq_len: ArrayLike,
     zero_stage: int = 3,
     recompute: str = "selective",
+    ep: ArrayLike = 1,
 ) -> Array:
     """Peak bytes per GPU of mixed-precision Adam training: states (train_state_bytes) + activations.
 
@@ -179,7 +250,7 @@ def train_memory_bytes(
     t = _f(tp)
     p = _f(pp)
     mb, s = _f(microbatch_tokens), _f(seq_len)
-    states = train_state_bytes(model, dp, tp, pp, zero_stage=zero_stage)
+    states = train_state_bytes(model, dp, tp, pp, zero_stage=zero_stage, ep=ep)
     h = model.hidden
     if recompute == "full":
         per_layer = 2.0 * h * mb
@@ -193,27 +264,35 @@ def train_memory_bytes(
     return states + activations + logits + eff.train_reserve_bytes
 
 
-def train_state_bytes(model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, *, zero_stage: int = 3) -> Array:
+def train_state_bytes(model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, *, zero_stage: int = 3,
+                      ep: ArrayLike = 1) -> Array:
     """Bytes per GPU of weights, gradients and Adam states (ZeRO paper, Rajbhandari et al. 2020).
 
     2 (bf16 weights) + 2 (grads) + 12 (fp32 master, m, v) bytes/param over tp pp; ZeRO stage
-    1/2/3 shards the optimizer / +grads / +weights over dp.
+    1/2/3 shards the optimizer / +grads / +weights over dp. Routed experts (all of them, not only
+    the active ones) split over experts.expert_ways instead of tp, and ZeRO over dp tp / ways.
     """
     d, t, p = _f(dp), _f(tp), _f(pp)
-    per_param = model.params / (t * p)
+    ways = expert_ways(t, ep)
+    return (_sharded_states(model.params - model.expert_params, t * p, d, zero_stage)
+            + _sharded_states(model.expert_params, ways * p, d * t / ways, zero_stage))
+
+
+def _sharded_states(params: float, model_ways: Array, zero_ways: Array, zero_stage: int) -> Array:
+    per_param = params / model_ways
     weights, grads, optim = 2.0 * per_param, 2.0 * per_param, 12.0 * per_param
     if zero_stage >= 1:
-        optim = optim / d
+        optim = optim / zero_ways
     if zero_stage >= 2:
-        grads = grads / d
+        grads = grads / zero_ways
     if zero_stage >= 3:
-        weights = weights / d
+        weights = weights / zero_ways
     return weights + grads + optim
 
 
 def colocate_switch_seconds(
     gpu: GpuType, model: ModelSpec, engine_tp: ArrayLike, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike,
-    eff: Efficiency, *, zero_stage: int = 3,
+    eff: Efficiency, *, zero_stage: int = 3, ep: ArrayLike = 1,
 ) -> Array:
     """One hand-over of colocated GPUs between the rollout engine and the trainer.
 
@@ -222,7 +301,7 @@ def colocate_switch_seconds(
     cost for freeing and re-allocating the KV cache. A step has two hand-overs.
     """
     engine = model.weight_bytes / _f(engine_tp)
-    trainer = train_state_bytes(model, dp, tp, pp, zero_stage=zero_stage)
+    trainer = train_state_bytes(model, dp, tp, pp, zero_stage=zero_stage, ep=ep)
     return eff.switch_fixed_s + np.maximum(engine, trainer) / (gpu.host_bytes_per_s * eff.host_copy)
 
 

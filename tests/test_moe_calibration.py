@@ -1,0 +1,48 @@
+"""The calibration set's mixture-of-experts rows, predicted as sim.calibration_set predicts every row.
+
+Training throughput: gpt-oss-120b on GB200 and H100 (C33, C34; what experts.EXPERT_MATMUL was fitted
+to) and DeepSeek-V3 on GB200 (C35, held out of that fit). Decode: Mixtral 8x7B at batch 1 with TP 2,
+4 and 8 (gpt-fast, C50-C52), where the active weights set the pace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from sim.calibration_set import Skipped, case
+from traces import CostModel
+from traces.calibration import load_calibration
+from traces.costmodel.fit import Case
+
+ROWS = {r.id: r for r in load_calibration()}
+CM = CostModel()
+
+
+def _case(row_id: str) -> Case:
+    c = case(ROWS[row_id])
+    assert not isinstance(c, Skipped), c
+    return c
+
+
+@pytest.mark.parametrize("row_id", ["C33", "C34", "C35", "C50"])
+def test_moe_rows_within_20_percent(row_id: str) -> None:
+    assert abs(_case(row_id).error(CM)) < 0.20
+
+
+@pytest.mark.parametrize("row_id", ["C51", "C52"])
+def test_mixtral_tp4_tp8_miss_by_the_collective_latency_not_the_experts(row_id: str) -> None:
+    """At TP 4 and 8 a batch-1 token takes 4-6 ms, and the fitted 39 us per all-reduce (64 of them a
+    token) is too slow for gpt-fast's intra-node all-reduce: those rows fall 20-35% short. With the
+    latency at 20 us (the refit's business: traces/costmodel/efficiency.py) they are within 20%; the
+    dense TP8 row of the same source (C10) stays within 10% there too."""
+    assert _case(row_id).error(CM) < -0.20
+    faster = CostModel(CM.tables, dataclasses.replace(CM.efficiency, collective_latency_s=2e-5))
+    assert abs(_case(row_id).error(faster)) < 0.20
+    assert abs(_case("C10").error(CostModel.roofline_only(faster.efficiency))) < 0.10
+
+
+def test_moe_rows_are_judged_not_fitted_yet() -> None:
+    assert not any(_case(i).fitted for i in ("C33", "C34", "C35", "C50"))
+    assert _case("C9").fitted  # a dense row of the same source is
