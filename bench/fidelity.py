@@ -25,10 +25,11 @@ from traces.costmodel.fit import Case, leave_one_source_out, summary
 # Where every fit starts: the hand-set values from before any fit to this set (so that a field the
 # remaining rows do not constrain stays there, rather than at a value fitted with the held-out rows).
 NEUTRAL = replace(DEFAULT_EFFICIENCY, matmul=0.5, memory=0.7, decode_overhead_s=0.004, decode_overhead_per_seq_s=0.0,
-                  prefill_overhead_s=0.0, train_matmul=0.67, collective_latency_s=1e-5, sync_fixed_s=0.05)
+                  prefill_overhead_s=0.0, train_matmul=0.67, expert_matmul=1.0, collective_latency_s=1e-5,
+                  sync_fixed_s=0.05)
 FIELDS = ("matmul", "memory", "decode_overhead_s", "decode_overhead_per_seq_s", "prefill_overhead_s",
-          "train_matmul", "train_half_tokens", "comm_overlap", "collective_latency_s", "sync_fixed_s",
-          "sync_per_tensor_s")
+          "train_matmul", "expert_matmul", "train_half_tokens", "comm_overlap", "collective_latency_s",
+          "sync_fixed_s", "sync_per_tensor_s")
 
 
 def main() -> None:

@@ -5,9 +5,9 @@ timeline, or verl's `timing_s/*` metrics), the simulator predicts the same phase
 (sim.breakdown) and traces.costmodel.fit moves the efficiency factors until they match: the
 trainer's matmul efficiency from the logprob and train phases, the weight push's fixed cost from
 sync, the engines' memory and matmul efficiencies and per-iteration overhead from generation
-(verl's timing_s/gen, where the trainer waits for it) and the step. The bounds are wider than the catalog fit's: a user's hardware may be
-anything (a CPU core, a throttled GPU). The result is written as cost-table rows at the run's
-shapes, which `--profile` then takes.
+(verl's timing_s/gen, where the trainer waits for it) and the step. The bounds are wider than the
+catalog fit's: a user's hardware may be anything (a CPU core, a throttled GPU). The result is
+written as cost-table rows at the run's shapes, which `--profile` then takes.
 """
 
 from __future__ import annotations

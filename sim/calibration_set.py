@@ -200,6 +200,4 @@ def case(row: CalibrationRow) -> Case | Skipped:
         predict = _rl_step(row)
     if isinstance(predict, str):
         return Skipped(row.id, predict)
-    # MoE rows are judged, not fitted, until the joint fit carries the expert terms (costmodel/experts.py)
-    fitted = row.kind != "rl_step" and model.moe is None
-    return Case(row.id, row.source_key, row.kind, row.value, predict, fitted=fitted)
+    return Case(row.id, row.source_key, row.kind, row.value, predict, fitted=row.kind != "rl_step")

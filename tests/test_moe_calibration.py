@@ -1,6 +1,6 @@
 """The calibration set's mixture-of-experts rows, predicted as sim.calibration_set predicts every row.
 
-Training throughput: gpt-oss-120b on GB200 and H100 (C33, C34; what experts.EXPERT_MATMUL was fitted
+Training throughput: gpt-oss-120b on GB200 and H100 (C33, C34; what Efficiency.expert_matmul was fitted
 to) and DeepSeek-V3 on GB200 (C35, held out of that fit). Decode: Mixtral 8x7B at batch 1 with TP 2,
 4 and 8 (gpt-fast, C50-C52), where the active weights set the pace.
 """
@@ -43,6 +43,21 @@ def test_mixtral_tp4_tp8_miss_by_the_collective_latency_not_the_experts(row_id: 
     assert abs(_case("C10").error(CostModel.roofline_only(faster.efficiency))) < 0.10
 
 
-def test_moe_rows_are_judged_not_fitted_yet() -> None:
-    assert not any(_case(i).fitted for i in ("C33", "C34", "C35", "C50"))
-    assert _case("C9").fitted  # a dense row of the same source is
+def test_expert_matmul_held_out_is_judged_from_its_neutral_start() -> None:
+    """The MoE training rows are the only ones expert_matmul reaches: refit without their source,
+    it must stay at the start (a bounded fit would otherwise drift it) and predict them without it."""
+    from dataclasses import replace
+
+    from traces.costmodel import DEFAULT_EFFICIENCY
+    from traces.costmodel.fit import fit, leave_one_source_out
+
+    cases = [_case(i) for i in ("C9", "C33", "C34", "C35", "K4")]
+    start = replace(DEFAULT_EFFICIENCY, expert_matmul=1.0)
+    full, judged = leave_one_source_out(cases, ["train_matmul", "expert_matmul"], start=start)
+    assert 0.1 < full.expert_matmul < 0.6  # fitted where the rows are seen
+    dense = [c for c in cases if c.source != cases[1].source]
+    held = CostModel(efficiency=fit(dense, ["train_matmul"], start=start))  # expert_matmul left at 1.0
+    for j in judged:
+        if j.case.source == cases[1].source:
+            assert j.held_out_predicted == pytest.approx(j.case.predict(held), rel=1e-9), j.case.id
+            assert j.held_out_error > 0.5  # no expert loss: far too fast, as it should be without the rows

@@ -60,16 +60,9 @@ def train_alltoall_seconds(
     return passes * 2 * (model.moe_layers / p) * alltoall_seconds(msg, e, bw, eff)
 
 
-# Share of the dense training matmul rate that routed-expert FLOPs reach in training (token
-# permutation, grouped GEMMs, router and load imbalance included). Fitted by hand to C33 and C34
-# (gpt-oss-120b, Megatron-Bridge on GB200 and H100: +9% and -2% at 0.28), then checked on
-# C35 (DeepSeek-V3), which it was not fitted to (tests/test_moe_costs.py). Efficiency has no such
-# field yet; once it has (`expert_matmul`), the fitted value there is used instead.
-EXPERT_MATMUL = 0.28
-
-
 def expert_train_matmul(eff: Efficiency) -> float:
-    return float(getattr(eff, "expert_matmul", EXPERT_MATMUL))
+    """Share of the dense training matmul rate routed-expert FLOPs reach (Efficiency.expert_matmul)."""
+    return eff.expert_matmul
 
 
 def routed_flops_per_token(model: ModelSpec, passes: float) -> float:

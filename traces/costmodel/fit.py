@@ -29,6 +29,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "decode_overhead_per_seq_s": (1e-7, 1e-4),
     "prefill_overhead_s": (1e-4, 0.05),
     "train_matmul": (0.2, 1.0),
+    "expert_matmul": (0.05, 1.0),
     "train_half_tokens": (1.0, 16384.0),
     "comm_overlap": (0.01, 0.99),  # log-space fit: a floor above 0
     "collective_latency_s": (1e-6, 1e-3),
@@ -87,6 +88,24 @@ def fit(cases: Sequence[Case], fields: Iterable[str], *, start: Efficiency = DEF
     return efficiency(found.x)
 
 
+def _constrained(cases: Sequence[Case], names: Sequence[str], start: Efficiency,
+                 tables: ProfileTable | None) -> list[str]:
+    """The fields some fitted case responds to. The others stay at `start`: a bounded fit moves a
+    field no residual depends on off its start (least_squares' trust region steps off the bounds), so a
+    held-out source's only field (e.g. expert_matmul without the MoE training rows) would drift."""
+    used = [c for c in cases if c.fitted]
+    if not used:
+        return []
+    base = [c.predict(_model(start, tables)) for c in used]
+    out = []
+    for n in names:
+        v = max(float(getattr(start, n)), BOUNDS.get(n, (1e-12, 1.0))[0])
+        probe = _model(replace(start, **{n: v * 0.9}), tables)
+        if any(not math.isclose(c.predict(probe), b, rel_tol=1e-9) for c, b in zip(used, base, strict=True)):
+            out.append(n)
+    return out
+
+
 @dataclass(frozen=True)
 class Judged:
     """A case's error under the fit on everything, and under the fit without its source."""
@@ -111,7 +130,8 @@ def leave_one_source_out(cases: Sequence[Case], fields: Iterable[str], *, start:
             progress(source)
         mine = [c for c in cases if c.source == source]
         rest = [c for c in cases if c.source != source]
-        held = fit(rest, names, start=start, tables=tables) if any(c.fitted for c in rest) else start
+        free = _constrained(rest, names, start, tables)
+        held = fit(rest, free, start=start, tables=tables) if free else start
         cm_held = _model(held, tables)
         for c in mine:
             p, q = c.predict(cm_full), c.predict(cm_held)

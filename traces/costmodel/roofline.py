@@ -195,7 +195,7 @@ def train_seconds(
         per_token = 2.0 * model.compute_params + 4.0 * model.layers * s * model.attn_dim
     else:
         per_token = train_flops_per_token(model, s) + _recompute_flops_per_token(model, s, recompute)
-    # routed experts run below the dense matmul rate (experts.EXPERT_MATMUL): their extra time as FLOPs
+    # routed experts run below the dense matmul rate (Efficiency.expert_matmul): their extra time as FLOPs
     matmul_passes = 1.0 if forward_only else 3.0 + (1.0 if recompute == "full" else 0.0)
     per_token = per_token + routed_flops_per_token(model, matmul_passes) * (1 / expert_train_matmul(eff) - 1)
     fill = mb / (mb + eff.train_half_tokens)  # small micro-batches leave the GPU part idle
