@@ -22,13 +22,14 @@ from sim.result import SimResult
 from sim.samples import Samples
 from sim.trainer import Trainer
 from traces import Cluster, CostModel, Plan, SpecError, Workload
-from traces.costmodel.rl import trainer_step_seconds
+from traces.costmodel.rl import colocated_resident_bytes, colocated_trainer_fits, trainer_step_seconds
 from traces.links import sync_path_bytes_per_s, trainer_network
 from traces.plan import RolloutGroup
 from traces.plan_check import check_plan
 from traces.pricing import plan_price_per_hour
 from traces.progress import bar
 from traces.records import steady_state, warm_steps
+from traces.staleness import lag_bound
 
 MAX_SAMPLES = 20_000_000  # lengths are drawn up front: bound the memory a bad input can ask for
 
@@ -47,17 +48,20 @@ class _EngineSpec:
 def _engine_specs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan) -> list[_EngineSpec]:
     model = workload.model
     engines = sum(g.instances for g in plan.rollout)
+    # colocated: trainer states the plan keeps in HBM take KV cache from the engine sharing the GPU
+    resident = colocated_resident_bytes(workload, plan.trainer, plan.offload) if plan.mode == "colocated" else 0.0
     specs = []
     for gi, g in enumerate(plan.rollout):
         cap_running = g.max_num_seqs or cm.efficiency.max_num_seqs  # the plan's cap, else vLLM's default
         if plan.max_concurrent_rollouts is not None:
             cap_running = min(cap_running, math.ceil(plan.max_concurrent_rollouts / engines))
         gpu = cluster.gpu(g.gpu_type)
-        kv = float(cm.kv_capacity_tokens(gpu, model, g.tp))
+        kv = float(cm.kv_capacity_tokens(gpu, model, g.tp, resident))
         if kv < workload.max_seq_len:
+            kept = " next to the trainer states kept in HBM (plan offload)" if resident else ""
             raise SpecError(
-                f"a {g.gpu_type} TP{g.tp} engine holds {int(kv)} KV tokens, less than one "
-                f"{workload.max_seq_len}-token sample of {model.name}; raise tp or use larger GPUs"
+                f"a {g.gpu_type} TP{g.tp} engine holds {int(kv)} KV tokens{kept}, less than one "
+                f"{workload.max_seq_len}-token sample of {model.name}; raise tp, offload more or use larger GPUs"
             )
         decode = DecodeTable.build(cm, gpu, model, g.tp, cap_running, kv)
         prefill = PrefillCurve.build(cm, gpu, model, g.tp, kv, workload.prompt_len.expected())
@@ -76,10 +80,12 @@ def _step_costs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan
 
     gpu = cluster.gpu(t.gpu_type)
     memo: dict[int, tuple[float, float]] = {}  # steps of fixed-length samples repeat their token count
+    minibatches = workload.ppo_minibatches // workload.stream_chunks  # per chunk: each is whole minibatches
 
     def step_seconds(tokens: int) -> tuple[float, float]:
         if tokens not in memo:
-            logprob, train = trainer_step_seconds(cm, gpu, workload, t.dp, t.tp, t.pp, tokens, **kw)
+            logprob, train = trainer_step_seconds(cm, gpu, workload, t.dp, t.tp, t.pp, tokens,
+                                                  minibatches=minibatches, **kw)
             memo[tokens] = (float(logprob), float(train))
         return memo[tokens]
 
@@ -125,7 +131,8 @@ def _simulate(cluster: Cluster, workload: Workload, plan: Plan, cost_model: Cost
     rec = Recorder()
     batch = workload.samples_per_step
     eta = plan.staleness  # Plan guarantees 0 outside async mode
-    total = batch * (steps + eta + 1)
+    chunk = batch // workload.stream_chunks if workload.stream_chunks > 1 else 0
+    total = _samples_to_draw(workload, batch * (steps + lag_bound(eta) + 1))
     if total > MAX_SAMPLES:
         raise SpecError(f"simulating {steps} steps of {batch} samples would draw {total:,} samples (at most "
                         f"{MAX_SAMPLES:,}); simulate fewer steps or a smaller batch")
@@ -134,11 +141,14 @@ def _simulate(cluster: Cluster, workload: Workload, plan: Plan, cost_model: Cost
     responses = workload.response_len.sample(rng, total)
     specs = _engine_specs(cm, cluster, workload, plan)
     interruptible = workload.interruptible and plan.mode == "async"
+    dapo = workload.dynamic_sampling
+    passes = None if dapo is None else _group_passes(workload, total, seed)
+    filtering = {"passes": passes, "oversample": 1.0 if dapo is None else dapo.oversample}
     if token_level:
-        ctl = ref.Controller(env, batch, eta, prompts, responses)
+        ctl = ref.Controller(env, batch, eta, prompts, responses, chunk, **filtering)
         engines = _reference_engines(env, rec, ctl, workload, specs, interruptible)
     else:
-        ctl = Controller(env, batch, eta, Samples(prompts, responses))
+        ctl = Controller(env, batch, eta, Samples(prompts, responses), chunk, **filtering)
         fleet = Fleet(env, ctl.samples)
         engines = [
             Engine(env, s.name, _group_key(s.group), s.decode, s.prefill, s.max_batch, s.kv_tokens, ctl, rec, fleet,
@@ -159,17 +169,42 @@ def _simulate(cluster: Cluster, workload: Workload, plan: Plan, cost_model: Cost
             e.request_update(version, ready_at)
 
     trainer = Trainer(env, ctl, rec, steps, _step_costs(cm, cluster, workload, plan), sync_s, push,
-                      switch_seconds=_switch_seconds(cm, cluster, workload, plan))
+                      switch_seconds=_switch_seconds(cm, cluster, workload, plan), chunks=workload.stream_chunks)
     if record_queue:
         env.process(_sample_queue(env, ctl, engines, rec))
     with bar(steps, "simulating", unit="step") as progress:
         trainer.on_step = progress.update
-        env.run(until=trainer.done)
+        try:
+            env.run(until=trainer.done)
+        except RuntimeError as exc:  # simpy: no events left, the trainer still waiting
+            if ctl.ledger.admitted < ctl.ledger.total:
+                raise
+            raise SpecError(f"dynamic_sampling: the {total:,} samples drawn ran out after {len(rec.step_ends)} of "
+                            f"{steps} steps (pass_rate too low for this seed); raise pass_rate or simulate fewer "
+                            "steps") from exc
     if isinstance(ctl, Controller):
         fleet.flush()
         ctl.deliver()
         rec.staleness_tokens = ctl.samples.staleness_tokens()
     return _result(rec, ctl, engines, plan, cluster, env.now)
+
+
+def _samples_to_draw(workload: Workload, trained: int) -> int:
+    """Samples drawn up front: those `trained` needs, and with dynamic sampling the dropped ones too
+    (in expectation generated_per_trained times as many; half again and a batch more spare)."""
+    if workload.dynamic_sampling is None:
+        return trained
+    return math.ceil(trained * workload.generated_per_trained * 1.5) + workload.samples_per_step
+
+
+def _group_passes(workload: Workload, total: int, seed: int) -> np.ndarray:
+    """Whether each sample's group passes dynamic sampling's filter: groups are `group_size` consecutive
+    ids (admitted together), each passing with the pass rate, drawn from a stream of its own.
+    A dropped group's samples leave as each completes, not once the last one does (a simplification)."""
+    assert workload.dynamic_sampling is not None
+    groups = -(-total // workload.group_size)
+    keep = np.random.default_rng([seed, 1]).random(groups) < workload.dynamic_sampling.pass_rate
+    return np.repeat(keep, workload.group_size)[:total]
 
 
 def _reference_engines(
@@ -195,8 +230,12 @@ def _switch_seconds(cm: CostModel, cluster: Cluster, workload: Workload, plan: P
         return 0.0
     t = plan.trainer
     engine_tp = max(g.tp for g in plan.rollout)
-    return float(cm.colocate_switch(cluster.gpu(t.gpu_type), workload.model, engine_tp, t.dp, t.tp, t.pp,
-                                    zero_stage=t.zero_stage).seconds)
+    gpu = cluster.gpu(t.gpu_type)
+    if plan.offload.engine_sleep == 0 and not colocated_trainer_fits(cm, gpu, workload, t, plan.offload):
+        raise SpecError(f"offload: engine_sleep 0 keeps the engine's {cm.efficiency.engine_memory_fraction:.0%} of "
+                        f"each {t.gpu_type} and the trainer does not fit in the rest; set engine_sleep 1 or 2")
+    return float(cm.colocate_switch(gpu, workload.model, engine_tp, t.dp, t.tp, t.pp, zero_stage=t.zero_stage,
+                                    offload=plan.offload.trainer_parts, engine_sleep=plan.offload.engine_sleep).seconds)
 
 
 def _group_key(g: RolloutGroup) -> str:

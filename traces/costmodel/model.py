@@ -105,16 +105,21 @@ class CostModel:
 
     def colocate_switch(
         self, gpu: GpuType, model: ModelSpec, engine_tp: ArrayLike, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike,
-        *, zero_stage: int = 3,
+        *, zero_stage: int = 3, offload: tuple[bool, bool, bool] = (True, True, True), engine_sleep: int = 1,
     ) -> Estimate:
-        """Seconds of one hand-over of colocated GPUs between engine and trainer (roofline only)."""
+        """Seconds of one hand-over of colocated GPUs between engine and trainer (roofline only):
+        `offload` says which of the trainer's weights, gradients, optimizer states move to the host,
+        `engine_sleep` is vLLM's sleep level (roofline.colocate_switch_seconds)."""
         secs = np.asarray(rf.colocate_switch_seconds(gpu, model, engine_tp, dp, tp, pp, self.efficiency,
-                                                     zero_stage=zero_stage), float)
+                                                     zero_stage=zero_stage, offload=offload,
+                                                     engine_sleep=engine_sleep), float)
         return Estimate(secs, np.full(secs.shape, ROOFLINE, dtype=object))
 
     # ---- memory ------------------------------------------------------------------------
-    def kv_capacity_tokens(self, gpu: GpuType, model: ModelSpec, tp: ArrayLike) -> np.ndarray:
-        return rf.kv_capacity_tokens(gpu, model, tp, self.efficiency)
+    def kv_capacity_tokens(self, gpu: GpuType, model: ModelSpec, tp: ArrayLike, resident_bytes: float = 0.0
+                           ) -> np.ndarray:
+        """KV tokens an engine holds; `resident_bytes` per GPU are taken by a colocated trainer's states."""
+        return rf.kv_capacity_tokens(gpu, model, tp, self.efficiency, resident_bytes)
 
     def max_batch(self, gpu: GpuType, model: ModelSpec, tp: ArrayLike, context: ArrayLike) -> np.ndarray:
         """Sequences of `context` tokens an engine can run at once (0: not even one fits)."""

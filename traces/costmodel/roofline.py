@@ -72,13 +72,17 @@ def prefill_seconds(
     return np.maximum(compute, memory) + tp_comm + eff.prefill_overhead_s
 
 
-def kv_capacity_tokens(gpu: GpuType, model: ModelSpec, tp: ArrayLike, eff: Efficiency) -> Array:
-    """Tokens of KV cache an engine of TP t can hold: (t (f HBM - reserve) - W) / kv.
+def kv_capacity_tokens(gpu: GpuType, model: ModelSpec, tp: ArrayLike, eff: Efficiency, resident_bytes: float = 0.0
+                       ) -> Array:
+    """Tokens of KV cache an engine of TP t can hold: (t (f HBM - reserve - resident) - W) / kv.
 
     When t exceeds the KV heads, heads are replicated, so each GPU holds 1/kv_heads of kv.
+    `resident_bytes` per GPU belong to someone else (a colocated trainer's states kept in HBM).
     """
     t = _f(tp)
     free_per_gpu = gpu.hbm_bytes * eff.engine_memory_fraction - eff.engine_reserve_bytes - model.weight_bytes / t
+    if resident_bytes:
+        free_per_gpu = free_per_gpu - resident_bytes
     kv_per_gpu_per_token = model.kv_bytes_per_token * np.maximum(1 / t, 1 / model.kv_heads)
     return np.maximum(free_per_gpu, 0.0) / kv_per_gpu_per_token
 
@@ -199,6 +203,13 @@ def train_state_bytes(model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayL
     2 (bf16 weights) + 2 (grads) + 12 (fp32 master, m, v) bytes/param over tp pp; ZeRO stage
     1/2/3 shards the optimizer / +grads / +weights over dp.
     """
+    weights, grads, optim = train_state_parts(model, dp, tp, pp, zero_stage=zero_stage)
+    return weights + grads + optim
+
+
+def train_state_parts(model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, *, zero_stage: int = 3
+                      ) -> tuple[Array, Array, Array]:
+    """(weights, gradients, optimizer states) bytes per GPU, as train_state_bytes sums them."""
     d, t, p = _f(dp), _f(tp), _f(pp)
     per_param = model.params / (t * p)
     weights, grads, optim = 2.0 * per_param, 2.0 * per_param, 12.0 * per_param
@@ -208,22 +219,32 @@ def train_state_bytes(model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayL
         grads = grads / d
     if zero_stage >= 3:
         weights = weights / d
-    return weights + grads + optim
+    return weights, grads, optim
 
 
 def colocate_switch_seconds(
     gpu: GpuType, model: ModelSpec, engine_tp: ArrayLike, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike,
-    eff: Efficiency, *, zero_stage: int = 3,
+    eff: Efficiency, *, zero_stage: int = 3, offload: tuple[bool, bool, bool] = (True, True, True),
+    engine_sleep: int = 1,
 ) -> Array:
     """One hand-over of colocated GPUs between the rollout engine and the trainer.
 
-    The side that stops offloads its weights/states to host memory while the other loads its own
-    back over the same PCIe link (full duplex, so the larger of the two transfers), plus a fixed
-    cost for freeing and re-allocating the KV cache. A step has two hand-overs.
+    The side that stops offloads its part to host memory while the other loads its own back over
+    the same PCIe link (full duplex, so the larger of the two transfers), plus a fixed cost for
+    freeing and re-allocating the KV cache when the engine sleeps. A step has two hand-overs.
+    `offload` says which of the trainer's weights, gradients and optimizer states move (verl's
+    param_offload / grad_offload / optimizer_offload; those kept stay in HBM). The engine's part
+    is vLLM's sleep level: 1 moves its weights to the host and back, 2 discards them (the weight
+    sync that follows refills them), 0 keeps weights and KV cache resident (no fixed cost).
     """
-    engine = model.weight_bytes / _f(engine_tp)
-    trainer = train_state_bytes(model, dp, tp, pp, zero_stage=zero_stage)
-    return eff.switch_fixed_s + np.maximum(engine, trainer) / (gpu.host_bytes_per_s * eff.host_copy)
+    engine = model.weight_bytes / _f(engine_tp) if engine_sleep == 1 else np.zeros_like(_f(engine_tp))
+    if all(offload):  # the sum of the three, as train_state_bytes adds them
+        trainer = train_state_bytes(model, dp, tp, pp, zero_stage=zero_stage)
+    else:
+        parts = train_state_parts(model, dp, tp, pp, zero_stage=zero_stage)
+        trainer = sum((part for part, moved in zip(parts, offload, strict=True) if moved), np.zeros_like(parts[0]))
+    fixed = eff.switch_fixed_s if engine_sleep else 0.0
+    return fixed + np.maximum(engine, trainer) / (gpu.host_bytes_per_s * eff.host_copy)
 
 
 def sync_seconds(model: ModelSpec, engines: ArrayLike, path_bytes_per_s: ArrayLike, eff: Efficiency) -> Array:
