@@ -63,7 +63,8 @@ def _engine_specs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Pla
                 f"a {g.gpu_type} TP{g.tp} engine holds {int(kv)} KV tokens{kept}, less than one "
                 f"{workload.max_seq_len}-token sample of {model.name}; raise tp, offload more or use larger GPUs"
             )
-        decode = DecodeTable.build(cm, gpu, model, g.tp, cap_running, kv)
+        decode = DecodeTable.build(cm, gpu, model, g.tp, cap_running, kv, enforce_eager=g.enforce_eager,
+                                   graph_max_batch=g.cuda_graph_max_batch)
         prefill = PrefillCurve.build(cm, gpu, model, g.tp, kv, workload.prompt_len.expected())
         mean = workload.prompt_len.expected() + workload.response_len.expected() / 2
         iteration = (0.0, *(decode.total(b, min(kv, b * mean), 1) for b in range(1, cap_running + 1)))

@@ -34,6 +34,11 @@ class RolloutGroup(BaseModel):
     nodes: tuple[int, ...] = Field(default=(), description="concrete node indices, if placed")
     max_num_seqs: int | None = Field(default=None, ge=1, le=65536,
                                      description="running sequences per engine (vLLM max_num_seqs); None: 256")
+    enforce_eager: bool = Field(default=False, description="no CUDA graphs (vLLM enforce_eager): every decode "
+                                "iteration launches its kernels (traces.costmodel.cuda_graphs)")
+    cuda_graph_max_batch: int | None = Field(
+        default=None, ge=1, le=65536, description="largest batch with a captured CUDA graph (vLLM "
+        "max_cudagraph_capture_size); larger batches decode eagerly. None: no limit")
 
     _gpu = field_validator("gpu_type", mode="before")(_canonical_gpu)
 

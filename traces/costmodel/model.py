@@ -13,6 +13,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from traces.costmodel import roofline as rf
+from traces.costmodel.cuda_graphs import eager_overhead_seconds
 from traces.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from traces.costmodel.tables import KEYS, ProfileTable
 from traces.hardware import GpuType
@@ -57,13 +58,19 @@ class CostModel:
         return cls(ProfileTable.empty(), efficiency)
 
     # ---- the stages --------------------------------------------------------------------
-    def decode(self, gpu: GpuType, model: ModelSpec, tp: ArrayLike, batch: ArrayLike, context: ArrayLike) -> Estimate:
-        """Seconds of one decode iteration: `batch` sequences at mean context `context`."""
+    def decode(self, gpu: GpuType, model: ModelSpec, tp: ArrayLike, batch: ArrayLike, context: ArrayLike,
+               *, enforce_eager: bool = False, graph_max_batch: int | None = None) -> Estimate:
+        """Seconds of one decode iteration: `batch` sequences at mean context `context`; an eager
+        engine (or a batch above its largest CUDA graph) adds its kernel launches (cuda_graphs)."""
         eff = self.efficiency
-        return self._blend(
+        est = self._blend(
             "decode", gpu, model, {"tp": tp}, {"batch": batch, "context": context},
             lambda k, a: rf.decode_seconds(gpu, model, k["tp"], a["batch"], a["context"], eff),
         )
+        if not enforce_eager and graph_max_batch is None:
+            return est
+        extra = eager_overhead_seconds(model, batch, enforce_eager=enforce_eager, graph_max_batch=graph_max_batch)
+        return Estimate(est.seconds + extra, est.source)
 
     def prefill(
         self, gpu: GpuType, model: ModelSpec, tp: ArrayLike, tokens: ArrayLike, context: ArrayLike | None = None
