@@ -295,4 +295,5 @@ def _result(
         mode=plan.mode,
         recorder=rec,
         queue_rows=tuple(rec.queue),
+        dropped=ctl.ledger.dropped,
     )
