@@ -13,6 +13,8 @@ one more request), over the fleet's arrays of loads (`FleetView`).
 Samples are ids into `Samples` arrays. Engines file the completions their decode plans will make in
 the completion pool; they reach the buffer when the controller next looks (`deliver`), and the
 trainer is woken by one timer at the time its step becomes ready (`watch`), not by every completion.
+With DAPO's dynamic sampling a completion may be dropped instead (traces.capacity), which frees
+allowance mid-version: one more timer then delivers at each filed completion and routes again.
 """
 
 from __future__ import annotations

@@ -172,7 +172,7 @@ def _simulate(cluster: Cluster, workload: Workload, plan: Plan, cost_model: Cost
     trainer = Trainer(env, ctl, rec, steps, _step_costs(cm, cluster, workload, plan), sync_s, push,
                       switch_seconds=_switch_seconds(cm, cluster, workload, plan), chunks=workload.stream_chunks)
     if record_queue:
-        env.process(_sample_queue(env, ctl, engines, rec))
+        env.process(_sample_queue(env, ctl, engines, rec, trainer, steps))
     with bar(steps, "simulating", unit="step") as progress:
         trainer.on_step = progress.update
         try:
@@ -180,9 +180,7 @@ def _simulate(cluster: Cluster, workload: Workload, plan: Plan, cost_model: Cost
         except RuntimeError as exc:  # simpy: no events left, the trainer still waiting
             if ctl.ledger.admitted < ctl.ledger.total:
                 raise
-            raise SpecError(f"dynamic_sampling: the {total:,} samples drawn ran out after {len(rec.step_ends)} of "
-                            f"{steps} steps (pass_rate too low for this seed); raise pass_rate or simulate fewer "
-                            "steps") from exc
+            raise _ran_out(ctl, len(rec.step_ends), steps) from exc
     if isinstance(ctl, Controller):
         fleet.flush()
         ctl.deliver()
@@ -243,12 +241,20 @@ def _group_key(g: RolloutGroup) -> str:
     return f"rollout:{g.gpu_type}:tp{g.tp}"
 
 
+def _ran_out(ctl: Controller | ref.Controller, done: int, steps: int) -> SpecError:
+    return SpecError(f"dynamic_sampling: the {ctl.ledger.total:,} samples drawn ran out after {done} of {steps} "
+                     "steps (pass_rate too low for this seed); raise pass_rate or simulate fewer steps")
+
+
 def _sample_queue(env: simpy.Environment, ctl: Controller | ref.Controller, engines: list[Engine] | list[ref.Engine],
-                  rec: Recorder):  # type: ignore[no-untyped-def]
+                  rec: Recorder, trainer: Trainer, steps: int):  # type: ignore[no-untyped-def]
     period = 1.0
     while True:
         if isinstance(ctl, Controller):
             ctl.deliver()  # completions filed until now
+        ledger = ctl.ledger
+        if trainer.waiting and ledger.admitted >= ledger.total and not any(ledger.in_flight.values()):
+            raise _ran_out(ctl, len(rec.step_ends), steps)  # nothing left to complete: it would wait forever
         waiting = sum(e.queued() for e in engines)
         in_flight = sum(ctl.ledger.in_flight.values())
         rec.queue.append((env.now, waiting, in_flight, ctl.ledger.buffered))

@@ -45,6 +45,11 @@ class Trainer:
         controller.on_buffer = self._poke
         self.done = env.process(self.run())
 
+    @property
+    def waiting(self) -> bool:
+        """Waiting for its batch (or the next chunk of it) to become ready."""
+        return self._wake is not None
+
     def _poke(self) -> None:
         if self._wake is not None and not self._wake.triggered and self.ctl.ready(self._step):
             self._wake.succeed()

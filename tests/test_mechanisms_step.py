@@ -247,3 +247,32 @@ def test_a_simulated_plan_with_an_awake_engine_and_too_little_memory_exits_2(cli
                                 offload=Offload(engine_sleep=0)).to_json())
     res = cli("simulate", "--cluster", str(cluster), "--workload", str(workload), "--plan", str(plan), "--steps", "1")
     assert res.code == 2 and "engine_sleep 0" in res.err and len(res.err.strip().splitlines()) == 1, res.err
+
+
+def test_a_fractional_bound_exports_to_verl_not_to_areal() -> None:
+    """verl's staleness_threshold is a fraction of a batch; AReaL's max_head_offpolicyness whole versions."""
+    from planner.exports import areal
+
+    cluster = Cluster(name="c", node_groups=({"gpu_type": "H800", "nodes": 2},))
+    w = Workload(model=get_model("qwen2.5-1.5b"), prompts_per_step=32, prompt_len=LengthDist(kind="fixed", value=8),
+                 response_len=LengthDist(kind="fixed", value=8), staleness=0.5)
+    plan = Plan(mode="async", staleness=0.5, rollout=(RolloutGroup(gpu_type="H800", instances=8, nodes=(0,)),),
+                trainer=TrainerGroup(gpu_type="H800", dp=8, nodes=(1,)))
+    with pytest.raises(SpecError, match="max_head_offpolicyness"):
+        areal.config(plan, cluster, w, ["n0", "n1"])
+
+
+def test_running_out_of_drawn_samples_is_one_line_not_a_hang(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Draws that a pass rate exhausts (here: only as many as are trained, none for the drops) end the
+    run with one line, whether the queue sampler (a process that never ends) runs or not."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("sim.simulate"), "_samples_to_draw", lambda workload, trained: trained)
+    w = Workload(model=get_model("qwen2.5-1.5b"), prompts_per_step=8, mode="sync",
+                 prompt_len=LengthDist(kind="fixed", value=16), response_len=LengthDist(kind="fixed", value=16),
+                 dynamic_sampling=DynamicSampling(pass_rate=0.5))
+    plan = Plan(mode="sync", rollout=(RolloutGroup(gpu_type="H20", instances=2),),
+                trainer=TrainerGroup(gpu_type="H800", dp=8))
+    for queue in (True, False):
+        with pytest.raises(SpecError, match="ran out"):
+            simulate(CLUSTER, w, plan, CM, steps=3, seed=0, record_queue=queue)
