@@ -114,6 +114,10 @@ class Candidates:
     sync_seconds: float  # the weight-sync estimate inside every trainer option's step (before placement)
 
     mean_over_max_response: float = 1.0  # E[o] / E[longest o of a cohort of (eta + 1) B samples]
+    # dynamic sampling (traces.workload.DynamicSampling): samples generated per trained one, and how
+    # far ahead of what the batch lacks generation may run
+    generated_per_trained: float = 1.0
+    oversample: float = 1.0
 
     @property
     def in_flight_cap(self) -> float:
@@ -123,9 +127,11 @@ class Candidates:
         must be trained by step v + eta: with a step period T = B / z it has max(eta, 1) T to finish,
         while mean samples take E[o]/E[max o] of that time. By Little's law the samples in flight are
         z x mean latency <= max(eta, 1) B E[o] / E[max o] (the longest of a cohort).
+        With dynamic sampling the samples in flight include those it will drop: oversample times
+        the admitted bound (traces.capacity), generated_per_trained times the tail's.
         """
-        admitted = (self.staleness + 1) * self.samples_per_step
-        tail = max(self.staleness, 1) * self.samples_per_step * self.mean_over_max_response
+        admitted = (self.staleness + 1) * self.samples_per_step * self.oversample
+        tail = max(self.staleness, 1) * self.samples_per_step * self.mean_over_max_response * self.generated_per_trained
         return min(admitted, tail)
 
 
@@ -264,7 +270,9 @@ def candidates(cm: CostModel, cluster: Cluster, workload: Workload, *, staleness
     eta = workload.staleness if staleness is None else staleness
     longest = expected_longest(workload.response_len, admission_cap(eta, 0, workload.samples_per_step))
     ratio = workload.response_len.expected() / longest
-    return Candidates(pools, tuple(engines), tuple(trainers), workload.samples_per_step, eta, sync, ratio)
+    dapo = workload.dynamic_sampling
+    return Candidates(pools, tuple(engines), tuple(trainers), workload.samples_per_step, eta, sync, ratio,
+                      workload.generated_per_trained, 1.0 if dapo is None else dapo.oversample)
 
 
 def expected_longest(dist: LengthDist, n: int, cohorts: int = 16) -> float:

@@ -276,3 +276,19 @@ def test_running_out_of_drawn_samples_is_one_line_not_a_hang(monkeypatch: pytest
     for queue in (True, False):
         with pytest.raises(SpecError, match="ran out"):
             simulate(CLUSTER, w, plan, CM, steps=3, seed=0, record_queue=queue)
+
+
+def test_the_planners_analytic_model_counts_what_dynamic_sampling_drops() -> None:
+    """The MILP's engine curves are trained samples/s: generated_per_trained (2.4 at GRESO's pass rate)
+    as many generated per trained; its in-flight bound holds the samples that will be dropped too."""
+    from planner.candidates import candidates
+
+    cluster = Cluster(name="c", node_groups=({"gpu_type": "H800", "nodes": 1}, {"gpu_type": "H20", "nodes": 1}))
+    base = dict(model=get_model("qwen2.5-1.5b"), prompts_per_step=32, staleness=1,
+                prompt_len=LengthDist(kind="fixed", value=128), response_len=LONGTAIL)
+    plain = candidates(CM, cluster, Workload(**base))  # type: ignore[arg-type]
+    dapo = candidates(CM, cluster, Workload(**base, dynamic_sampling=DynamicSampling(  # type: ignore[arg-type]
+        pass_rate=1 / 2.4, oversample=2)))
+    for a, b in zip(plain.engines, dapo.engines, strict=True):
+        assert a.samples_per_s / b.samples_per_s == pytest.approx(2.4, rel=1e-9)
+    assert dapo.in_flight_cap == pytest.approx(min(2 * 2 * 256, 2.4 * plain.in_flight_cap), rel=1e-9)
