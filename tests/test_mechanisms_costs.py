@@ -110,3 +110,10 @@ def test_bad_engine_fields_are_one_line(group: dict[str, object], field: str) ->
     with pytest.raises(SpecError) as err:
         validate(Plan, plan, "p.json")
     assert field in str(err.value) and "\n" not in str(err.value)
+
+
+def test_costs_decode_prices_an_eager_engine(cli) -> None:  # type: ignore[no-untyped-def]
+    argv = ("costs", "decode", "--gpu", "A100-80G", "--model", "llama-2-7b", "--batch", "1", "--context", "128",
+            "--json")
+    graph, eager = cli(*argv).json()["seconds"], cli(*argv, "--enforce-eager").json()["seconds"]
+    assert eager - graph == pytest.approx(1.5e-3, rel=1e-6)  # 32 layers' launches (vLLM PR #1440)
