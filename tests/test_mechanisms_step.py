@@ -292,3 +292,16 @@ def test_the_planners_analytic_model_counts_what_dynamic_sampling_drops() -> Non
     for a, b in zip(plain.engines, dapo.engines, strict=True):
         assert a.samples_per_s / b.samples_per_s == pytest.approx(2.4, rel=1e-9)
     assert dapo.in_flight_cap == pytest.approx(min(2 * 2 * 256, 2.4 * plain.in_flight_cap), rel=1e-9)
+
+
+def test_simulate_reports_what_dynamic_sampling_dropped(cli, write) -> None:  # type: ignore[no-untyped-def]
+    cluster = write("c.yaml", "name: c\nnode_groups:\n  - {gpu_type: H800, nodes: 1}\n  - {gpu_type: H20, nodes: 1}\n")
+    workload = write("w.yaml", "model: qwen2.5-1.5b\nprompts_per_step: 8\nmode: async\nstaleness: 0.5\n"
+                               "prompt_len: {kind: fixed, value: 64}\nresponse_len: {kind: fixed, value: 64}\n"
+                               "dynamic_sampling: {pass_rate: 0.5}\n")
+    plan = write("p.json", Plan(mode="async", staleness=0.5, rollout=(RolloutGroup(gpu_type="H20", instances=2),),
+                                trainer=TrainerGroup(gpu_type="H800", dp=8)).to_json())
+    res = cli("simulate", "--cluster", str(cluster), "--workload", str(workload), "--plan", str(plan), "--steps", "3",
+              "--quiet")
+    assert res.code == 0, res.err
+    assert "dropped" in res.out and "bound 0.5 of a batch: lag at most 1" in res.out
