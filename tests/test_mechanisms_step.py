@@ -81,6 +81,11 @@ def test_streaming_training_hides_all_but_the_last_chunk_behind_generation() -> 
         assert 0.4 * bound < saved <= bound + 1e-6
         assert streamed["logprob"] + streamed["train"] == pytest.approx(trainer, rel=1e-6)  # same work, earlier
         assert r.max_staleness == 0  # still on-policy: the weights move once per step
+        from sim.breakdown import step_phases
+
+        steps = step_phases(r.timeline)  # waits between chunks count as wait: the phases still add up
+        parts = steps[["wait", "switch", "logprob", "train", "sync"]].sum(axis=1)
+        assert (abs(parts - steps.step) < 1e-6).all()
     ref, _ = _run("sync", 0, dp=1, chunks=4, token_level=True)
     assert ref.mean_step_s == pytest.approx(r.mean_step_s, rel=1e-9)
 
