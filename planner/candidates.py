@@ -26,6 +26,7 @@ import numpy as np
 from traces import Cluster, CostModel, GpuType, ModelSpec, Workload
 from traces.costmodel.rl import trainer_fits, trainer_step_seconds
 from traces.plan_check import ep_shards, tp_shards
+from traces.staleness import admission_cap
 from traces.workload import LengthDist
 
 ZERO_STAGES = (1, 3)
@@ -114,10 +115,14 @@ class Candidates:
     engines: tuple[EngineOption, ...]
     trainers: tuple[TrainerOption, ...]
     samples_per_step: int
-    staleness: int
+    staleness: float
     sync_seconds: float  # the weight-sync estimate inside every trainer option's step (before placement)
 
     mean_over_max_response: float = 1.0  # E[o] / E[longest o of a cohort of (eta + 1) B samples]
+    # dynamic sampling (traces.workload.DynamicSampling): samples generated per trained one, and how
+    # far ahead of what the batch lacks generation may run
+    generated_per_trained: float = 1.0
+    oversample: float = 1.0
 
     @property
     def in_flight_cap(self) -> float:
@@ -127,9 +132,11 @@ class Candidates:
         must be trained by step v + eta: with a step period T = B / z it has max(eta, 1) T to finish,
         while mean samples take E[o]/E[max o] of that time. By Little's law the samples in flight are
         z x mean latency <= max(eta, 1) B E[o] / E[max o] (the longest of a cohort).
+        With dynamic sampling the samples in flight include those it will drop: oversample times
+        the admitted bound (traces.capacity), generated_per_trained times the tail's.
         """
-        admitted = (self.staleness + 1) * self.samples_per_step
-        tail = max(self.staleness, 1) * self.samples_per_step * self.mean_over_max_response
+        admitted = (self.staleness + 1) * self.samples_per_step * self.oversample
+        tail = max(self.staleness, 1) * self.samples_per_step * self.mean_over_max_response * self.generated_per_trained
         return min(admitted, tail)
 
 
@@ -175,6 +182,7 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
                 points = np.unique(np.r_[2 ** np.arange(int(np.log2(full)) + 1), full])
                 rates = cm.generation_rate(pool.gpu, model, tp, prompt_mean=prompt, response_mean=response,
                                            response_sq_mean=square, max_num_seqs=points, ep=ep).samples_per_s
+                rates = rates / workload.generated_per_trained  # trained samples/s: dynamic sampling drops the rest
                 widths = np.diff(np.r_[0, points]).astype(float)
                 slopes = np.minimum.accumulate(np.diff(np.r_[0.0, rates]) / widths)  # keep the curve concave
                 update: tuple[float, ...] = ()
@@ -260,7 +268,7 @@ def trainer_options(
     return out
 
 
-def candidates(cm: CostModel, cluster: Cluster, workload: Workload, *, staleness: int | None = None,
+def candidates(cm: CostModel, cluster: Cluster, workload: Workload, *, staleness: float | None = None,
                max_trainer_nodes: int | None = None, min_link_bytes_per_s: float = 0.0) -> Candidates:
     """Every option worth considering; `staleness` defaults to the workload's; only nodes whose
     network reaches `min_link_bytes_per_s` take part."""
@@ -272,9 +280,11 @@ def candidates(cm: CostModel, cluster: Cluster, workload: Workload, *, staleness
     engines = engine_options(cm, pools, workload, sync)
     trainers = trainer_options(cm, pools, workload, sync, max_trainer_nodes)
     eta = workload.staleness if staleness is None else staleness
-    longest = expected_longest(workload.response_len, (eta + 1) * workload.samples_per_step)
+    longest = expected_longest(workload.response_len, admission_cap(eta, 0, workload.samples_per_step))
     ratio = workload.response_len.expected() / longest
-    return Candidates(pools, tuple(engines), tuple(trainers), workload.samples_per_step, eta, sync, ratio)
+    dapo = workload.dynamic_sampling
+    return Candidates(pools, tuple(engines), tuple(trainers), workload.samples_per_step, eta, sync, ratio,
+                      workload.generated_per_trained, 1.0 if dapo is None else dapo.oversample)
 
 
 def expected_longest(dist: LengthDist, n: int, cohorts: int = 16) -> float:

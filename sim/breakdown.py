@@ -4,7 +4,8 @@ verl logs `timing_s/gen`, `timing_s/old_log_prob` (+ `timing_s/ref`), `timing_s/
 `timing_s/step` per step; AReaL logs the same phases under its own names. The timeline's trainer
 rows give them: a step's `wait` runs from the end of the previous step's weight push to the start of
 its logprob pass, hand-overs aside (in sync and colocated modes that is the batch's generation,
-verl's `gen`; in async mode it is what generation could not hide), then `logprob` (old policy, and
+verl's `gen`; in async mode it is what generation could not hide; a streaming trainer's waits
+between its chunks add to it), then `logprob` (old policy, and
 the reference's where the loss has a KL term), `train` (the PPO minibatches) and `sync` (the weight
 push); colocated plans add `switch`, the two hand-overs between engines and trainer. Means are over
 the steady-state steps, as throughput is (traces.records.warm_steps).
@@ -25,9 +26,14 @@ def step_phases(timeline: pd.DataFrame) -> pd.DataFrame:
     rows = trainer[trainer.resource == first].sort_values("start", kind="stable")
     steps: list[dict[str, float]] = []
     begun, current = 0.0, {p: 0.0 for p in PHASES}
+    trained_to = 0.0  # end of the step's last chunk trained so far (a streaming trainer waits between chunks)
     for activity, start, end in zip(rows.activity, rows.start, rows.end, strict=True):
         if activity == "logprob" and current["logprob"] == 0.0:
             current["wait"] = max(0.0, float(start) - begun - current["switch"])
+        elif activity == "logprob":
+            current["wait"] += max(0.0, float(start) - trained_to)
+        if activity == "train":
+            trained_to = float(end)
         if activity in current:
             current[activity] += float(end) - float(start)
         if activity == "sync":  # the push ends the step

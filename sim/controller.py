@@ -13,6 +13,8 @@ one more request), over the fleet's arrays of loads (`FleetView`).
 Samples are ids into `Samples` arrays. Engines file the completions their decode plans will make in
 the completion pool; they reach the buffer when the controller next looks (`deliver`), and the
 trainer is woken by one timer at the time its step becomes ready (`watch`), not by every completion.
+With DAPO's dynamic sampling a completion may be dropped instead (traces.capacity), which frees
+allowance mid-version: one more timer then delivers at each filed completion and routes again.
 """
 
 from __future__ import annotations
@@ -41,10 +43,15 @@ class FleetView(Protocol):
 
 
 class Controller:
-    def __init__(self, env: simpy.Environment, batch: int, eta: int, samples: Samples) -> None:
+    def __init__(self, env: simpy.Environment, batch: int, eta: float, samples: Samples, chunk: int = 0,
+                 passes: np.ndarray | None = None, oversample: float = 1.0) -> None:
         self.env = env
         self.samples = samples
-        self.ledger: CapacityLedger[np.ndarray] = CapacityLedger(batch, eta, len(samples))
+        self.ledger: CapacityLedger[np.ndarray] = CapacityLedger(batch, eta, len(samples), chunk,
+                                                                 oversample=oversample)
+        self.passes = passes  # dynamic sampling: [sid] whether its group passes the filter; None: all do
+        self._drop_timer = 0  # generation of the dynamic-sampling timer (see `_arm_drops`)
+        self._drops_pending = False
         self.pool = CompletionPool(samples.start_version)
         self.on_buffer: Callable[[], None] = lambda: None  # the trainer's wake-up
         self.fleet: FleetView | None = None  # set by the fleet once every engine has joined (Fleet.setup)
@@ -134,13 +141,41 @@ class Controller:
         start = 0
         per_level = list(zip(levels.tolist(), counts.tolist(), strict=True))
         for level, n in per_level:
-            self.ledger.buffer(level, sids[start:start + n], n)
+            self._resolve(level, sids[start:start + n], n)
             start += n
         short = self._short
         for level in list(short):
             short[level] -= sum(n for lv, n in per_level if lv <= level)
             if short[level] <= 0:
                 del short[level]
+
+    def _arm_drops(self, _event: simpy.Event | None = None) -> None:
+        """Dynamic sampling: a dropped completion frees allowance mid-version, so look at the next
+        filed completion when it is due (the buffer is otherwise read lazily) and route again then."""
+        self._drops_pending = False
+        self._drop_timer += 1
+        when = self.pool.kth_time({})
+        if when < float("inf"):
+            generation = self._drop_timer
+            timeout_at(self.env, when).callbacks.append(lambda _ev: self._drop_ring(generation))
+
+    def _drop_ring(self, generation: int) -> None:
+        if generation == self._drop_timer:
+            self.deliver()
+            self._arm_drops()
+
+    def _resolve(self, level: int, sids: np.ndarray, n: int) -> None:
+        """Completions of start version `level` into the buffer, less those dynamic sampling drops."""
+        if self.passes is None:
+            self.ledger.buffer(level, sids, n)
+            return
+        passing = sids[self.passes[sids]]
+        keep = self.ledger.accept(level, len(passing))
+        if keep:
+            self.ledger.buffer(level, passing[:keep], keep)
+        if n - keep:
+            self.ledger.drop(level, n - keep)
+            self.request_dispatch()  # the batch still lacks what was dropped: more may be admitted
 
     # ---- the trainer's view -------------------------------------------------------------------
     def watch(self, step: int) -> None:
@@ -163,6 +198,9 @@ class Controller:
 
     def _retime_soon(self) -> None:
         """Filings changed: reset the trainer's timer at the end of this instant (once for many engines)."""
+        if self.passes is not None and not self._drops_pending:
+            self._drops_pending = True
+            self.env.timeout(0).callbacks.append(self._arm_drops)
         if self._watch_step is not None and not self._retime_pending:
             self._retime_pending = True
             self.env.timeout(0).callbacks.append(self._retime_now)
@@ -190,12 +228,13 @@ class Controller:
             self._retime()
 
     def ready(self, step: int) -> bool:
-        """Step `step` may train the B oldest buffered samples without breaking the bound later."""
+        """Step `step` may train its next chunk (the B oldest buffered samples unless streaming)
+        without breaking the bound later."""
         self.deliver()
         return self.ledger.ready(step)
 
     def take(self) -> np.ndarray:
-        """The B oldest buffered samples, by start version then sample id."""
+        """The next chunk (the B oldest buffered samples unless streaming), by start version then sample id."""
         self.deliver()
         return np.concatenate(self.ledger.take(lambda chunks: np.sort(np.concatenate(chunks))))
 

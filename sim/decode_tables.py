@@ -47,12 +47,13 @@ class DecodeTable:
     @classmethod
     def build(
         cls, cm: CostModel, gpu: GpuType, model: ModelSpec, tp: int, max_batch: int, max_context: float,
-        ep: int = 1,
+        ep: int = 1, *, enforce_eager: bool = False, graph_max_batch: int | None = None,
     ) -> DecodeTable:
         ds = max(max_context, 1.0) / (GRID_POINTS - 1)
         b = np.arange(0, max_batch + 1)[:, None]
         s = (np.arange(GRID_POINTS) * ds)[None, :]
-        secs = cm.decode(gpu, model, tp, np.maximum(b, 1), s / np.maximum(b, 1), ep).seconds
+        secs = cm.decode(gpu, model, tp, np.maximum(b, 1), s / np.maximum(b, 1), ep, enforce_eager=enforce_eager,
+                         graph_max_batch=graph_max_batch).seconds
         return cls(ds, tuple(map(tuple, np.asarray(secs, np.float64).tolist())))
 
     def total(self, b: int, s0: float, k: int) -> float:

@@ -31,6 +31,7 @@ class SimResult:
     mode: str
     recorder: Recorder = field(repr=False, compare=False)  # the timeline, put together when asked for
     queue_rows: tuple[tuple[float, int, int, int], ...] = field(repr=False, default=())
+    dropped: int = 0  # samples generated and dropped by dynamic sampling (filtered or surplus)
 
     @cached_property
     def timeline_rows(self) -> tuple[tuple[Any, ...], ...]:

@@ -22,7 +22,7 @@ from sim.result import SimResult
 from sim.samples import Samples
 from sim.trainer import Trainer
 from traces import Cluster, CostModel, Plan, SpecError, Workload
-from traces.costmodel.rl import trainer_step_seconds
+from traces.costmodel.rl import colocated_resident_bytes, colocated_trainer_fits, trainer_step_seconds
 from traces.links import sync_path_bytes_per_s, trainer_network
 from traces.moe import attention_replicas
 from traces.plan import RolloutGroup
@@ -30,6 +30,7 @@ from traces.plan_check import check_plan
 from traces.pricing import plan_price_per_hour
 from traces.progress import bar
 from traces.records import steady_state, warm_steps
+from traces.staleness import lag_bound
 
 MAX_SAMPLES = 20_000_000  # lengths are drawn up front: bound the memory a bad input can ask for
 
@@ -48,6 +49,8 @@ class _EngineSpec:
 def _engine_specs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan) -> list[_EngineSpec]:
     model = workload.model
     engines = sum(g.instances for g in plan.rollout)
+    # colocated: trainer states the plan keeps in HBM take KV cache from the engine sharing the GPU
+    resident = colocated_resident_bytes(workload, plan.trainer, plan.offload) if plan.mode == "colocated" else 0.0
     specs = []
     for gi, g in enumerate(plan.rollout):
         # the plan's cap, else vLLM's default, per attention replica (an EP engine has one per GPU)
@@ -55,13 +58,15 @@ def _engine_specs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Pla
         if plan.max_concurrent_rollouts is not None:
             cap_running = min(cap_running, math.ceil(plan.max_concurrent_rollouts / engines))
         gpu = cluster.gpu(g.gpu_type)
-        kv = float(cm.kv_capacity_tokens(gpu, model, g.tp, g.ep))
+        kv = float(cm.kv_capacity_tokens(gpu, model, g.tp, g.ep, resident))
         if kv < workload.max_seq_len:
+            kept = " next to the trainer states kept in HBM (plan offload)" if resident else ""
             raise SpecError(
-                f"a {g.gpu_type} TP{g.tp} engine holds {int(kv)} KV tokens, less than one "
-                f"{workload.max_seq_len}-token sample of {model.name}; raise tp or use larger GPUs"
+                f"a {g.gpu_type} TP{g.tp} engine holds {int(kv)} KV tokens{kept}, less than one "
+                f"{workload.max_seq_len}-token sample of {model.name}; raise tp, offload more or use larger GPUs"
             )
-        decode = DecodeTable.build(cm, gpu, model, g.tp, cap_running, kv, ep=g.ep)
+        decode = DecodeTable.build(cm, gpu, model, g.tp, cap_running, kv, ep=g.ep, enforce_eager=g.enforce_eager,
+                                   graph_max_batch=g.cuda_graph_max_batch)
         prefill = PrefillCurve.build(cm, gpu, model, g.tp, kv, workload.prompt_len.expected(), ep=g.ep)
         mean = workload.prompt_len.expected() + workload.response_len.expected() / 2
         iteration = (0.0, *(decode.total(b, min(kv, b * mean), 1) for b in range(1, cap_running + 1)))
@@ -78,10 +83,12 @@ def _step_costs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan
 
     gpu = cluster.gpu(t.gpu_type)
     memo: dict[int, tuple[float, float]] = {}  # steps of fixed-length samples repeat their token count
+    minibatches = workload.ppo_minibatches // workload.stream_chunks  # per chunk: each is whole minibatches
 
     def step_seconds(tokens: int) -> tuple[float, float]:
         if tokens not in memo:
-            logprob, train = trainer_step_seconds(cm, gpu, workload, t.dp, t.tp, t.pp, tokens, **kw)
+            logprob, train = trainer_step_seconds(cm, gpu, workload, t.dp, t.tp, t.pp, tokens,
+                                                  minibatches=minibatches, **kw)
             memo[tokens] = (float(logprob), float(train))
         return memo[tokens]
 
@@ -127,7 +134,8 @@ def _simulate(cluster: Cluster, workload: Workload, plan: Plan, cost_model: Cost
     rec = Recorder()
     batch = workload.samples_per_step
     eta = plan.staleness  # Plan guarantees 0 outside async mode
-    total = batch * (steps + eta + 1)
+    chunk = batch // workload.stream_chunks if workload.stream_chunks > 1 else 0
+    total = _samples_to_draw(workload, batch * (steps + lag_bound(eta) + 1))
     if total > MAX_SAMPLES:
         raise SpecError(f"simulating {steps} steps of {batch} samples would draw {total:,} samples (at most "
                         f"{MAX_SAMPLES:,}); simulate fewer steps or a smaller batch")
@@ -136,11 +144,14 @@ def _simulate(cluster: Cluster, workload: Workload, plan: Plan, cost_model: Cost
     responses = workload.response_len.sample(rng, total)
     specs = _engine_specs(cm, cluster, workload, plan)
     interruptible = workload.interruptible and plan.mode == "async"
+    dapo = workload.dynamic_sampling
+    passes = None if dapo is None else _group_passes(workload, total, seed)
+    filtering = {"passes": passes, "oversample": 1.0 if dapo is None else dapo.oversample}
     if token_level:
-        ctl = ref.Controller(env, batch, eta, prompts, responses)
+        ctl = ref.Controller(env, batch, eta, prompts, responses, chunk, **filtering)
         engines = _reference_engines(env, rec, ctl, workload, specs, interruptible)
     else:
-        ctl = Controller(env, batch, eta, Samples(prompts, responses))
+        ctl = Controller(env, batch, eta, Samples(prompts, responses), chunk, **filtering)
         fleet = Fleet(env, ctl.samples)
         engines = [
             Engine(env, s.name, _group_key(s.group), s.decode, s.prefill, s.max_batch, s.kv_tokens, ctl, rec, fleet,
@@ -161,17 +172,40 @@ def _simulate(cluster: Cluster, workload: Workload, plan: Plan, cost_model: Cost
             e.request_update(version, ready_at)
 
     trainer = Trainer(env, ctl, rec, steps, _step_costs(cm, cluster, workload, plan), sync_s, push,
-                      switch_seconds=_switch_seconds(cm, cluster, workload, plan))
+                      switch_seconds=_switch_seconds(cm, cluster, workload, plan), chunks=workload.stream_chunks)
     if record_queue:
-        env.process(_sample_queue(env, ctl, engines, rec))
+        env.process(_sample_queue(env, ctl, engines, rec, trainer, steps))
     with bar(steps, "simulating", unit="step") as progress:
         trainer.on_step = progress.update
-        env.run(until=trainer.done)
+        try:
+            env.run(until=trainer.done)
+        except RuntimeError as exc:  # simpy: no events left, the trainer still waiting
+            if ctl.ledger.admitted < ctl.ledger.total:
+                raise
+            raise _ran_out(ctl, len(rec.step_ends), steps) from exc
     if isinstance(ctl, Controller):
         fleet.flush()
         ctl.deliver()
         rec.staleness_tokens = ctl.samples.staleness_tokens()
     return _result(rec, ctl, engines, plan, cluster, env.now)
+
+
+def _samples_to_draw(workload: Workload, trained: int) -> int:
+    """Samples drawn up front: those `trained` needs, and with dynamic sampling the dropped ones too
+    (in expectation generated_per_trained times as many; half again and a batch more spare)."""
+    if workload.dynamic_sampling is None:
+        return trained
+    return math.ceil(trained * workload.generated_per_trained * 1.5) + workload.samples_per_step
+
+
+def _group_passes(workload: Workload, total: int, seed: int) -> np.ndarray:
+    """Whether each sample's group passes dynamic sampling's filter: groups are `group_size` consecutive
+    ids (admitted together), each passing with the pass rate, drawn from a stream of its own.
+    A dropped group's samples leave as each completes, not once the last one does (a simplification)."""
+    assert workload.dynamic_sampling is not None
+    groups = -(-total // workload.group_size)
+    keep = np.random.default_rng([seed, 1]).random(groups) < workload.dynamic_sampling.pass_rate
+    return np.repeat(keep, workload.group_size)[:total]
 
 
 def _reference_engines(
@@ -197,20 +231,32 @@ def _switch_seconds(cm: CostModel, cluster: Cluster, workload: Workload, plan: P
         return 0.0
     t = plan.trainer
     engine_tp = max(g.tp for g in plan.rollout)
-    return float(cm.colocate_switch(cluster.gpu(t.gpu_type), workload.model, engine_tp, t.dp, t.tp, t.pp,
-                                    zero_stage=t.zero_stage, ep=t.ep).seconds)
+    gpu = cluster.gpu(t.gpu_type)
+    if plan.offload.engine_sleep == 0 and not colocated_trainer_fits(cm, gpu, workload, t, plan.offload):
+        raise SpecError(f"offload: engine_sleep 0 keeps the engine's {cm.efficiency.engine_memory_fraction:.0%} of "
+                        f"each {t.gpu_type} and the trainer does not fit in the rest; set engine_sleep 1 or 2")
+    return float(cm.colocate_switch(gpu, workload.model, engine_tp, t.dp, t.tp, t.pp, zero_stage=t.zero_stage, ep=t.ep,
+                                    offload=plan.offload.trainer_parts, engine_sleep=plan.offload.engine_sleep).seconds)
 
 
 def _group_key(g: RolloutGroup) -> str:
     return f"rollout:{g.gpu_type}:tp{g.tp}"
 
 
+def _ran_out(ctl: Controller | ref.Controller, done: int, steps: int) -> SpecError:
+    return SpecError(f"dynamic_sampling: the {ctl.ledger.total:,} samples drawn ran out after {done} of {steps} "
+                     "steps (pass_rate too low for this seed); raise pass_rate or simulate fewer steps")
+
+
 def _sample_queue(env: simpy.Environment, ctl: Controller | ref.Controller, engines: list[Engine] | list[ref.Engine],
-                  rec: Recorder):  # type: ignore[no-untyped-def]
+                  rec: Recorder, trainer: Trainer, steps: int):  # type: ignore[no-untyped-def]
     period = 1.0
     while True:
         if isinstance(ctl, Controller):
             ctl.deliver()  # completions filed until now
+        ledger = ctl.ledger
+        if trainer.waiting and ledger.admitted >= ledger.total and not any(ledger.in_flight.values()):
+            raise _ran_out(ctl, len(rec.step_ends), steps)  # nothing left to complete: it would wait forever
         waiting = sum(e.queued() for e in engines)
         in_flight = sum(ctl.ledger.in_flight.values())
         rec.queue.append((env.now, waiting, in_flight, ctl.ledger.buffered))
@@ -257,4 +303,5 @@ def _result(
         mode=plan.mode,
         recorder=rec,
         queue_rows=tuple(rec.queue),
+        dropped=ctl.ledger.dropped,
     )

@@ -40,6 +40,11 @@ class RolloutGroup(BaseModel):
     max_num_seqs: int | None = Field(default=None, ge=1, le=65536,
                                      description="running sequences per engine, per attention replica with EP "
                                                  "(vLLM max_num_seqs); None: 256")
+    enforce_eager: bool = Field(default=False, description="no CUDA graphs (vLLM enforce_eager): every decode "
+                                "iteration launches its kernels (traces.costmodel.cuda_graphs)")
+    cuda_graph_max_batch: int | None = Field(
+        default=None, ge=1, le=65536, description="largest batch with a captured CUDA graph (vLLM "
+        "max_cudagraph_capture_size); larger batches decode eagerly. None: no limit")
 
     _gpu = field_validator("gpu_type", mode="before")(_canonical_gpu)
 
@@ -73,6 +78,29 @@ class TrainerGroup(BaseModel):
         return self.dp * self.tp * self.pp
 
 
+class Offload(BaseModel):
+    """What a colocated plan moves off the GPUs at each hand-over (the default: everything).
+
+    The trainer's weights, gradients and optimizer states each go to host memory while the engine
+    generates, or stay in HBM, shrinking its KV cache (verl's actor param_offload / grad_offload /
+    optimizer_offload). The engine sleeps while the trainer runs at vLLM's `engine_sleep` level:
+    1 moves its weights to the host, 2 discards them (the weight sync refills them), 0 stays
+    resident with its KV cache, leaving the trainer the rest of the GPU.
+    """
+
+    model_config = _FROZEN
+
+    params: bool = True
+    grads: bool = True
+    optimizer: bool = True
+    engine_sleep: Literal[0, 1, 2] = 1
+
+    @property
+    def trainer_parts(self) -> tuple[bool, bool, bool]:
+        """(weights, gradients, optimizer states) moved to the host."""
+        return self.params, self.grads, self.optimizer
+
+
 class Plan(BaseModel):
     model_config = _FROZEN
 
@@ -81,10 +109,12 @@ class Plan(BaseModel):
     workload: str = ""
     model: str = ""
     mode: Literal["async", "sync", "colocated"] = "async"
-    staleness: int = Field(default=0, ge=0, le=1000)
+    staleness: int | float = Field(default=0, ge=0, le=1000,
+                                   description="eta; a fraction is part of a batch (traces.staleness)")
     rollout: tuple[RolloutGroup, ...] = Field(min_length=1, max_length=1000)
     trainer: TrainerGroup
     max_concurrent_rollouts: int | None = Field(default=None, ge=1, le=100_000_000)
+    offload: Offload = Field(default_factory=Offload, description="colocated hand-overs: what moves to the host")
     predicted: dict[str, FiniteFloat] = Field(default_factory=dict)  # NaN would make the plan invalid JSON
 
     @model_validator(mode="after")
@@ -95,6 +125,9 @@ class Plan(BaseModel):
             )
         if self.mode != "async" and self.staleness > 0:
             raise ValueError(f"staleness {self.staleness} contradicts mode '{self.mode}'; set 0 or use async")
+        if self.mode != "colocated" and self.offload != Offload():
+            raise ValueError(f"offload applies to colocated hand-overs, but the plan is {self.mode}: remove offload "
+                             "or use mode colocated")
         return self
 
     @property

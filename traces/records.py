@@ -28,6 +28,7 @@ from traces.errors import SpecError
 from traces.io import atomic_write_text, loads_json, read_user_text
 from traces.models import ModelSpec
 from traces.plan import Plan, load_plan
+from traces.staleness import lag_bound
 from traces.workload import LengthDist, Workload, load_workload
 
 TIMELINE_COLUMNS = ("resource", "group", "activity", "start", "end", "version", "samples")
@@ -39,17 +40,17 @@ CLUSTER_FILE = "cluster.yaml"
 MAX_RECORD_BYTES = 512 * 1024**2  # a long run's metrics and timeline; the cap only stops a wrong file
 
 
-def warm_steps(staleness: int, steps: int) -> int:
+def warm_steps(staleness: float, steps: int) -> int:
     """Steps before the steady state: the first staleness + 1 (at most half the run).
 
     AReaL's rule admits (eta + 1) batches at version 0 at once, and step eta must train all of
     them, long tail included: those steps are a start-up transient. The simulator and a measured
     run skip the same steps, so their throughputs compare like for like.
     """
-    return min(staleness + 1, steps // 2) if steps >= 2 else 0
+    return min(lag_bound(staleness) + 1, steps // 2) if steps >= 2 else 0
 
 
-def recommended_steps(staleness: int) -> int:
+def recommended_steps(staleness: float) -> int:
     """Trainer steps for a short run to measure its steady state: the warm-up plus whole periods.
 
     Under AReaL's rule the long tail of each cohort admitted together lands once every eta + 1
@@ -57,11 +58,11 @@ def recommended_steps(staleness: int) -> int:
     the rate (at eta 4, 8 steps measured 42 samples/s where 24 steps measured 66). Warm-up eta + 1,
     then whole periods: one, or as many as make about 8 steps in all.
     """
-    period = staleness + 1
+    period = lag_bound(staleness) + 1
     return period * (1 + max(1, -(-8 // period) - 1))
 
 
-def steady_state(step_ends: Sequence[float], step_samples: Sequence[int], staleness: int) -> tuple[int, float]:
+def steady_state(step_ends: Sequence[float], step_samples: Sequence[int], staleness: float) -> tuple[int, float]:
     """(samples, seconds) trained after the warm-up steps (`warm_steps`)."""
     steps = len(step_ends)
     warm = warm_steps(staleness, steps)

@@ -11,10 +11,19 @@ takes the `batch` oldest completed items only if, afterwards, for every level L 
 of versions <= L fit in the batches of the steps still allowed for them. Waiting for completions
 always makes this true (by induction over steps), so nothing is dropped or trained twice and no
 trained token is older than eta versions.
+
+eta may be a fraction of a batch, as verl's fully-async `async_training.staleness_threshold` is:
+at most floor((eta + v + 1) B) units are admitted, so with eta = 0.5 half a batch runs ahead of
+each version. Those units are trained one step later, so the version lag is bounded by
+ceil(eta) (`lag_bound`): the selection rule above runs with ceil(eta), which the tighter
+admission keeps reachable. A step may also be trained in chunks as they complete (streaming, the
+trainer starting on the first chunk): each chunk is taken by the same rule, the rest of the step's
+batch counting as room for every level still untrained.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,9 +32,19 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 
-def allowance(eta: int, version: int, batch: int, admitted: int) -> int:
-    """Units that may be admitted now: at most (eta + version + 1) * batch ever."""
-    return (eta + version + 1) * batch - admitted
+def admission_cap(eta: float, version: int, batch: int) -> int:
+    """Units ever admitted by version `version`: floor((eta + version + 1) * batch) (exact for whole eta)."""
+    return math.floor((eta + version + 1) * batch + 1e-9)  # 1e-9: 0.1 * 10 is 1, not 0.999...
+
+
+def lag_bound(eta: float) -> int:
+    """The most versions a trained token may lag under bound eta: ceil(eta)."""
+    return math.ceil(eta - 1e-9)
+
+
+def allowance(eta: float, version: int, batch: int, admitted: int) -> int:
+    """Units that may be admitted now: at most floor((eta + version + 1) * batch) ever."""
+    return admission_cap(eta, version, batch) - admitted
 
 
 def batch_levels(buffered_by: Mapping[int, int], batch: int) -> dict[int, int]:
@@ -40,15 +59,17 @@ def batch_levels(buffered_by: Mapping[int, int], batch: int) -> dict[int, int]:
     return out
 
 
-def shortfalls(step: int, eta: int, batch: int, in_flight: Mapping[int, int], buffered_by: Mapping[int, int]
-               ) -> dict[int, int]:
+def shortfalls(step: int, eta: float, batch: int, in_flight: Mapping[int, int], buffered_by: Mapping[int, int],
+               take: int | None = None, rest: int = 0) -> dict[int, int]:
     """Per start version L, how many more completions of versions <= L step `step` still needs.
 
     A completion only moves a unit from in flight to the buffer, so `batch_ready`'s condition is a
     count per L: buffered(<= L) >= total(<= L) - allowed(L), and buffered(<= step) >= batch. Empty
     means ready; each completion at version v lowers every shortfall at L >= v by one, which lets a
-    caller wake its trainer only when they all reach zero.
+    caller wake its trainer only when they all reach zero. `take` units (default: the batch) are
+    taken now and `rest` more later in the same step (streaming chunks).
     """
+    lag, take = lag_bound(eta), batch if take is None else take
     out: dict[int, int] = {}
     levels = [lv for lv, n in in_flight.items() if n > 0] + [lv for lv, b in buffered_by.items() if b]
     total = buffered = 0
@@ -56,27 +77,29 @@ def shortfalls(step: int, eta: int, batch: int, in_flight: Mapping[int, int], bu
         here = buffered_by.get(level, 0)
         total += in_flight.get(level, 0) + here
         buffered += here
-        need = total - max(0, level + eta - step) * batch
+        need = total - rest - max(0, level + lag - step) * batch
         if level == step:
-            need = max(need, batch)
+            need = max(need, take)
         if need > buffered:
             out[level] = need - buffered
     return out
 
 
-def batch_ready(step: int, eta: int, batch: int, in_flight: Mapping[int, int], buffered_by: Mapping[int, int]
-                ) -> bool:
-    """Step `step` may train the `batch` oldest completed units without breaking the bound later."""
-    if sum(buffered_by.values()) < batch:
+def batch_ready(step: int, eta: float, batch: int, in_flight: Mapping[int, int], buffered_by: Mapping[int, int],
+                take: int | None = None, rest: int = 0) -> bool:
+    """Step `step` may train the `take` (default `batch`) oldest completed units, `rest` more of the
+    step's batch to follow, without breaking the bound later."""
+    lag, take = lag_bound(eta), batch if take is None else take
+    if sum(buffered_by.values()) < take:
         return False
-    taken = batch_levels(buffered_by, batch)
+    taken = batch_levels(buffered_by, take)
     untrained: Counter[int] = Counter(in_flight)
     for level, n in buffered_by.items():
         untrained[level] += n - taken.get(level, 0)
     left = 0
     for level in range(min((lv for lv, n in untrained.items() if n > 0), default=step), step + 1):
         left += untrained.get(level, 0)
-        if left > max(0, level + eta - step) * batch:
+        if left > rest + max(0, level + lag - step) * batch:
             return False
     return True
 
@@ -93,7 +116,7 @@ class Admitted(Generic[T]):
 @dataclass
 class CapacityController(Generic[T]):
     batch: int
-    eta: int
+    eta: float
     version: int = 0
     admitted: int = 0
     in_flight: Counter[int] = field(default_factory=Counter)  # start version -> admitted, not completed

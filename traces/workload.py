@@ -117,6 +117,25 @@ class LengthDist(BaseModel):
         return scaled / scaled.sum()
 
 
+class DynamicSampling(BaseModel):
+    """DAPO's dynamic sampling (Yu et al. 2025, arXiv 2503.14476, sec. 3.2): groups whose rewards are
+    all equal (every answer right, or every one wrong) carry no advantage and are dropped; generation
+    goes on until the batch is full of groups that pass (verl: algorithm.filter_groups)."""
+
+    model_config = _FROZEN
+
+    pass_rate: float = Field(gt=0, le=1, description="share of prompt groups with mixed rewards, kept")
+    oversample: float = Field(
+        default=1.0, ge=1, le=100, description="generation runs ahead by this factor of what the batch still "
+        "lacks (verl's gen_batch_size / train_batch_size); passing groups beyond the batch are dropped")
+
+    @property
+    def generated_per_trained(self) -> float:
+        """Samples generated per sample trained, in expectation: 1 / pass_rate while generation replaces
+        drops as it learns of them, and at least `oversample` when it runs that far ahead."""
+        return max(1.0 / self.pass_rate, self.oversample)
+
+
 class Workload(BaseModel):
     """One RL post-training job."""
 
@@ -130,12 +149,19 @@ class Workload(BaseModel):
     prompt_len: LengthDist
     response_len: LengthDist
     mode: Literal["async", "sync", "colocated"] = "async"
-    staleness: int = Field(default=0, ge=0, le=1000, description="max policy-version lag (eta)")
+    staleness: int | float = Field(
+        default=0, ge=0, le=1000, description="max policy-version lag (eta); a fraction is part of a batch run "
+        "ahead per version (verl's staleness_threshold): at most floor((eta + v + 1) B) samples admitted by version v")
     interruptible: bool = True
     reward_seconds: float = Field(default=0.0, ge=0, le=3600, description="reward latency per sample")
     ppo_minibatches: int = Field(default=1, ge=1, le=1024)
+    stream_chunks: int = Field(
+        default=1, ge=1, le=1024, description="streaming training: a step's batch is trained in this many chunks, "
+        "each as soon as it is complete (verl fully_async's local steps); divides ppo_minibatches and prompts_per_step")
     kl_reference: bool = Field(
         default=False, description="KL penalty to a frozen reference policy: one more forward pass per step")
+    dynamic_sampling: DynamicSampling | None = Field(
+        default=None, description="DAPO's filter of groups with all-equal rewards; None: every group is trained")
     rollout_logprobs: bool = Field(
         default=False, description="the loss takes the engines' per-token logprobs as the old policy's "
         "(verl's rollout.calculate_log_probs, AReaL's use_decoupled_loss off): no trainer recompute pass")
@@ -166,6 +192,14 @@ class Workload(BaseModel):
                 f"ppo_minibatches ({self.ppo_minibatches}) exceeds samples per step "
                 f"({self.samples_per_step}); lower it"
             )
+        if self.stream_chunks > 1:
+            if self.mode == "colocated":
+                raise ValueError(f"stream_chunks {self.stream_chunks} needs GPUs that train while others generate: "
+                                 "set stream_chunks: 1 or mode: async/sync")
+            if self.ppo_minibatches % self.stream_chunks or self.prompts_per_step % self.stream_chunks:
+                raise ValueError(f"stream_chunks ({self.stream_chunks}) must divide ppo_minibatches "
+                                 f"({self.ppo_minibatches}) and prompts_per_step ({self.prompts_per_step}): each chunk "
+                                 "is whole minibatches of whole groups")
         if self.prompt_len.max + self.response_len.max > MAX_TOKENS:
             raise ValueError(f"prompt_len.max + response_len.max exceeds {MAX_TOKENS} tokens")
         if self.model.max_context is not None and self.max_seq_len > self.model.max_context:
@@ -178,6 +212,11 @@ class Workload(BaseModel):
     @property
     def samples_per_step(self) -> int:
         return self.prompts_per_step * self.group_size
+
+    @property
+    def generated_per_trained(self) -> float:
+        """Samples generated per sample trained (dynamic sampling drops the rest): 1 without it."""
+        return 1.0 if self.dynamic_sampling is None else self.dynamic_sampling.generated_per_trained
 
     @property
     def max_seq_len(self) -> int:

@@ -41,6 +41,8 @@ def register(sub: Any) -> None:
                    help="MoE models: expert-parallel ranks, 1 or --tp (data-parallel attention; default 1)")
     d.add_argument("--batch", type=positive_int, required=True, help="running sequences B")
     d.add_argument("--context", type=positive_int, required=True, help="mean context length L, tokens")
+    d.add_argument("--enforce-eager", action="store_true",
+                   help="an engine without CUDA graphs (vLLM enforce_eager): its kernel launches added")
     d.set_defaults(handler=decode)
 
     f = stages.add_parser("prefill", help="seconds to prefill one N-token prompt or a batch of N prompts")
@@ -143,7 +145,7 @@ def decode(args: argparse.Namespace) -> int:
     cm, gpu, model = CostModel(), _gpu(args, args.gpu), get_model(args.model)
     _check_ep(model, args.ep, args.tp, engine=True)
     weights_fit = _engine_fit_check(cm, gpu, model, args.tp)
-    est = cm.decode(gpu, model, args.tp, args.batch, args.context, args.ep)
+    est = cm.decode(gpu, model, args.tp, args.batch, args.context, args.ep, enforce_eager=args.enforce_eager)
     capacity = float(cm.kv_capacity_tokens(gpu, model, args.tp, args.ep))
     max_batch = int(cm.max_batch(gpu, model, args.tp, args.context, args.ep))
     fits = weights_fit and args.batch * args.context <= capacity

@@ -9,6 +9,7 @@ from planner.commands.args import add_profile_arg, cost_model, emit, non_negativ
 from sim import simulate
 from traces import load_cluster, load_plan, load_workload
 from traces.io import atomic_write_bytes, atomic_write_text, check_target
+from traces.staleness import lag_bound
 
 
 def register(sub: Any) -> None:
@@ -47,6 +48,11 @@ def run(args: argparse.Namespace) -> int:
         atomic_write_bytes(args.gantt, buf.getvalue())
     util = ", ".join(f"{k} {v:.0%}" for k, v in r.utilization.items())
     summary = r.summary()
+    dropped: list[str] = []
+    if workload.dynamic_sampling is not None:  # generated and filtered out: the rollout work it cost
+        summary["dropped_samples"] = r.dropped
+        dropped = [f"  dropped     {r.dropped:,} samples by dynamic sampling "
+                   f"({(r.trained_samples + r.dropped) / max(r.trained_samples, 1):.2f} generated per trained)"]
     phases: list[str] = []
     if args.breakdown:
         from sim.breakdown import mean_phases
@@ -60,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
         f"{plan.mode} plan, {plan.total_gpus} GPUs, {args.steps} steps of {workload.samples_per_step} samples:",
         f"  throughput  {r.samples_per_s:,.2f} samples/s, {r.tokens_per_s:,.0f} tokens/s",
         f"  step time   mean {r.mean_step_s:.2f} s",
-        f"  staleness   max {r.max_staleness} (bound {plan.staleness})",
+        f"  staleness   max {r.max_staleness} (bound {plan.staleness}"
+        + (f" of a batch: lag at most {lag_bound(plan.staleness)})" if plan.staleness % 1 else ")"),
+        *dropped,
         f"  busy        {util}",
         f"  cost        ${r.cost_per_hour:,.2f}/h, ${r.cost_per_1k_samples:.3f} per 1k samples",
         *phases,

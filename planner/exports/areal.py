@@ -52,13 +52,16 @@ def config(plan: Plan, cluster: Cluster, workload: Workload, names: list[str]) -
         raise SpecError(f"plan: rollout nodes have {rollout.gpus_per_node} GPUs and trainer nodes "
                         f"{trainer.gpus_per_node}; AReaL's cluster.n_gpus_per_node is one number: "
                         "re-plan with `rlfleet plan --framework areal`")
+    if plan.staleness != int(plan.staleness):
+        raise SpecError(f"plan: staleness {plan.staleness} is a fraction of a batch; AReaL's "
+                        "max_head_offpolicyness counts whole versions: use a whole staleness or --framework verl")
     colocated = plan.mode == "colocated"
     nodes = trainer.whole_nodes if colocated else trainer.whole_nodes + rollout.whole_nodes
     out: dict[str, Any] = {
         "experiment_name": re.sub(r"[_/]", "-", workload.name),  # AReaL: no '_' or '/'
         "trial_name": re.sub(r"[-/]", "_", f"{plan.cluster or cluster.name}_{plan.mode}"),  # no '-' or '/'
         "cluster": {"n_nodes": nodes, "n_gpus_per_node": trainer.gpus_per_node},
-        "rollout": {"backend": backend(plan, rollout), "max_head_offpolicyness": plan.staleness,
+        "rollout": {"backend": backend(plan, rollout), "max_head_offpolicyness": int(plan.staleness),
                     "scheduling_spec": _spec(rollout, names)},
         "actor": {"backend": backend(plan, trainer), "ppo_n_minibatches": workload.ppo_minibatches,
                   "scheduling_spec": _spec(trainer, names)},

@@ -30,12 +30,15 @@ class Worker(Protocol):
 
 
 class Controller:
-    def __init__(self, env: simpy.Environment, batch: int, eta: int, prompts: np.ndarray, responses: np.ndarray
-                 ) -> None:
+    def __init__(self, env: simpy.Environment, batch: int, eta: float, prompts: np.ndarray, responses: np.ndarray,
+                 chunk: int = 0, passes: np.ndarray | None = None, oversample: float = 1.0) -> None:
         self.env = env
         self._prompts: list[int] = prompts.tolist()  # plain ints: indexing numpy per sample is slow
         self._responses: list[int] = responses.tolist()
-        self.ledger: CapacityLedger[list[Sample]] = CapacityLedger(batch, eta, len(self._prompts))
+        self.ledger: CapacityLedger[list[Sample]] = CapacityLedger(batch, eta, len(self._prompts), chunk,
+                                                                    oversample=oversample)
+        # dynamic sampling: whether each sample's group passes the filter (None: all do)
+        self._passes: list[bool] | None = None if passes is None else passes.tolist()
         self.engines: list[Worker] = []
         self.on_buffer: Callable[[], None] = lambda: None  # the trainer's wake-up
         self._router: Router | None = None  # made at the first routing, once every engine is known
@@ -79,7 +82,11 @@ class Controller:
     def completed(self, samples: list[Sample]) -> None:
         """Samples completed now: into the buffer, and the trainer woken once its step could be ready."""
         for s in samples:
-            self.ledger.buffer(s.start_version, [s], 1)
+            if self._passes is None or (self._passes[s.sid] and self.ledger.accept(s.start_version, 1)):
+                self.ledger.buffer(s.start_version, [s], 1)
+            else:  # dynamic sampling dropped it (filtered, or surplus): the batch still lacks it
+                self.ledger.drop(s.start_version, 1)
+                self.request_dispatch()
         if self._watch_step is None:
             self.on_buffer()
             return
@@ -107,11 +114,12 @@ class Controller:
         self._watch_step, self._short = None, {}
 
     def ready(self, step: int) -> bool:
-        """Step `step` may train the B oldest buffered samples without breaking the bound later."""
+        """Step `step` may train its next chunk (the B oldest buffered samples unless streaming)
+        without breaking the bound later."""
         return self.ledger.ready(step)
 
     def take(self) -> list[Sample]:
-        """The B oldest buffered samples, by start version then sample id."""
+        """The next chunk (the B oldest buffered samples unless streaming), by start version then sample id."""
         pieces = self.ledger.take(lambda chunks: sorted(itertools.chain.from_iterable(chunks), key=attrgetter("sid")))
         return list(itertools.chain.from_iterable(pieces))
 

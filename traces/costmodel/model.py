@@ -13,6 +13,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from traces.costmodel import roofline as rf
+from traces.costmodel.cuda_graphs import eager_overhead_seconds
 from traces.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from traces.costmodel.tables import KEYS, ProfileTable
 from traces.hardware import GpuType
@@ -59,13 +60,18 @@ class CostModel:
 
     # ---- the stages --------------------------------------------------------------------
     def decode(self, gpu: GpuType, model: ModelSpec, tp: ArrayLike, batch: ArrayLike, context: ArrayLike,
-               ep: ArrayLike = 1) -> Estimate:
-        """Seconds of one decode iteration: `batch` sequences at mean context `context` (ep: see roofline)."""
+               ep: ArrayLike = 1, *, enforce_eager: bool = False, graph_max_batch: int | None = None) -> Estimate:
+        """Seconds of one decode iteration: `batch` sequences at mean context `context` (ep: see roofline);
+        an eager engine (or a batch above its largest CUDA graph) adds its kernel launches (cuda_graphs)."""
         eff = self.efficiency
-        return self._blend(
+        est = self._blend(
             "decode", gpu, model, {"tp": tp, "ep": ep}, {"batch": batch, "context": context},
             lambda k, a: rf.decode_seconds(gpu, model, k["tp"], a["batch"], a["context"], eff, k["ep"]),
         )
+        if not enforce_eager and graph_max_batch is None:
+            return est
+        extra = eager_overhead_seconds(model, batch, enforce_eager=enforce_eager, graph_max_batch=graph_max_batch)
+        return Estimate(est.seconds + extra, est.source)
 
     def prefill(
         self, gpu: GpuType, model: ModelSpec, tp: ArrayLike, tokens: ArrayLike, context: ArrayLike | None = None,
@@ -109,16 +115,22 @@ class CostModel:
 
     def colocate_switch(
         self, gpu: GpuType, model: ModelSpec, engine_tp: ArrayLike, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike,
-        *, zero_stage: int = 3, ep: ArrayLike = 1,
+        *, zero_stage: int = 3, ep: ArrayLike = 1, offload: tuple[bool, bool, bool] = (True, True, True),
+        engine_sleep: int = 1,
     ) -> Estimate:
-        """Seconds of one hand-over of colocated GPUs between engine and trainer (roofline only)."""
+        """Seconds of one hand-over of colocated GPUs between engine and trainer (roofline only):
+        `offload` says which of the trainer's weights, gradients, optimizer states move to the host,
+        `engine_sleep` is vLLM's sleep level (roofline.colocate_switch_seconds)."""
         secs = np.asarray(rf.colocate_switch_seconds(gpu, model, engine_tp, dp, tp, pp, self.efficiency,
-                                                     zero_stage=zero_stage, ep=ep), float)
+                                                     zero_stage=zero_stage, ep=ep, offload=offload,
+                                                     engine_sleep=engine_sleep), float)
         return Estimate(secs, np.full(secs.shape, ROOFLINE, dtype=object))
 
     # ---- memory ------------------------------------------------------------------------
-    def kv_capacity_tokens(self, gpu: GpuType, model: ModelSpec, tp: ArrayLike, ep: ArrayLike = 1) -> np.ndarray:
-        return rf.kv_capacity_tokens(gpu, model, tp, self.efficiency, ep)
+    def kv_capacity_tokens(self, gpu: GpuType, model: ModelSpec, tp: ArrayLike, ep: ArrayLike = 1,
+                           resident_bytes: float = 0.0) -> np.ndarray:
+        """KV tokens an engine holds; `resident_bytes` per GPU are taken by a colocated trainer's states."""
+        return rf.kv_capacity_tokens(gpu, model, tp, self.efficiency, ep, resident_bytes)
 
     def max_batch(self, gpu: GpuType, model: ModelSpec, tp: ArrayLike, context: ArrayLike,
                   ep: ArrayLike = 1) -> np.ndarray:

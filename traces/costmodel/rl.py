@@ -2,7 +2,8 @@
 
 One trainer step over a batch: the proximal policy's logprobs (unless the engines returned them:
 `rollout_logprobs`), the reference policy's where the loss has a KL term, then `ppo_minibatches`
-optimizer steps over equal slices of the batch.
+optimizer steps over equal slices of the batch. A streaming trainer (`Workload.stream_chunks`)
+runs this over each chunk with its share of the minibatches.
 """
 
 from __future__ import annotations
@@ -11,21 +12,25 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from traces.costmodel.model import CostModel
+from traces.costmodel.roofline import train_state_parts
 from traces.hardware import GpuType
+from traces.plan import Offload, TrainerGroup
 from traces.workload import Workload
 
 
 def trainer_step_seconds(
     cm: CostModel, gpu: GpuType, workload: Workload, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, tokens: ArrayLike,
     *, zero_stage: int, recompute: str, gpus_per_node: int, inter_node_bytes_per_s: float, ep: ArrayLike = 1,
+    minibatches: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(logprob seconds, train seconds) of one step over `tokens` tokens; vectorised over configs."""
+    """(logprob seconds, train seconds) of one step over `tokens` tokens (or of one streaming chunk
+    of `minibatches` optimizer steps); vectorised over configs."""
     kw = {"seq_len": workload.mean_tokens_per_sample, "microbatch_tokens": workload.max_seq_len,
           "zero_stage": zero_stage, "gpus_per_node": gpus_per_node, "inter_node_bytes_per_s": inter_node_bytes_per_s,
           "ep": ep}
     # the old policy's logprobs (recomputed unless the engines returned them) and the reference's
     passes = (0 if workload.rollout_logprobs else 1) + (1 if workload.kl_reference else 0)
-    m = workload.ppo_minibatches
+    m = workload.ppo_minibatches if minibatches is None else minibatches
     logprob = passes * cm.logprob(gpu, workload.model, dp, tp, pp, tokens, **kw).seconds
     train = m * cm.train(gpu, workload.model, dp, tp, pp, np.asarray(tokens, float) / m, recompute=recompute,
                          **kw).seconds
@@ -39,3 +44,22 @@ def trainer_fits(
     """Whether the trainer's weights, optimizer states and one micro-batch fit in HBM."""
     return cm.train_fits(gpu, workload.model, dp, tp, pp, microbatch_tokens=workload.max_seq_len,
                          seq_len=workload.mean_tokens_per_sample, zero_stage=zero_stage, recompute=recompute, ep=ep)
+
+
+def colocated_resident_bytes(workload: Workload, trainer: TrainerGroup, offload: Offload) -> float:
+    """Bytes per GPU of the trainer's states a colocated plan keeps in HBM while the engine runs
+    (those `offload` does not move to the host): the engine's KV cache has that much less."""
+    parts = train_state_parts(workload.model, trainer.dp, trainer.tp, trainer.pp, zero_stage=trainer.zero_stage,
+                              ep=trainer.ep)
+    return float(sum(float(part) for part, moved in zip(parts, offload.trainer_parts, strict=True) if not moved))
+
+
+def colocated_trainer_fits(cm: CostModel, gpu: GpuType, workload: Workload, trainer: TrainerGroup,
+                           offload: Offload) -> bool:
+    """Whether the trainer fits next to an engine that does not sleep (engine_sleep 0), which keeps
+    its share of HBM (Efficiency.engine_memory_fraction, vLLM's gpu_memory_utilization) throughout."""
+    engine = gpu.hbm_bytes * cm.efficiency.engine_memory_fraction if offload.engine_sleep == 0 else 0.0
+    need = cm.train_memory_bytes(gpu, workload.model, trainer.dp, trainer.tp, trainer.pp,
+                                 microbatch_tokens=workload.max_seq_len, seq_len=workload.mean_tokens_per_sample,
+                                 zero_stage=trainer.zero_stage, recompute=trainer.recompute, ep=trainer.ep)
+    return bool(float(need) + engine <= gpu.hbm_bytes)

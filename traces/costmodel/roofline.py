@@ -124,17 +124,21 @@ def engine_weight_bytes_per_gpu(model: ModelSpec, tp: ArrayLike, ep: ArrayLike =
     return (model.weight_bytes - model.expert_bytes) / a + model.expert_bytes / t
 
 
-def kv_capacity_tokens(gpu: GpuType, model: ModelSpec, tp: ArrayLike, eff: Efficiency, ep: ArrayLike = 1) -> Array:
-    """Tokens of KV cache an engine of TP t can hold: r (f HBM - reserve - W_gpu) / (kv / a').
+def kv_capacity_tokens(gpu: GpuType, model: ModelSpec, tp: ArrayLike, eff: Efficiency, ep: ArrayLike = 1,
+                       resident_bytes: float = 0.0) -> Array:
+    """Tokens of KV cache an engine of TP t can hold: r (f HBM - reserve - resident - W_gpu) / (kv / a').
 
     With a attention TP ways over r replicas (r = 1, a = t without EP), each GPU holds kv / a of a
     token, or kv / kv_shards once a exceeds the KV heads (they are replicated; MLA's latent is not
-    split at all).
+    split at all). `resident_bytes` per GPU belong to someone else (a colocated trainer's states
+    kept in HBM).
     """
     t, e = _f(tp), _f(ep)
     a, replicas = _attention_split(t, e)
     free_per_gpu = (gpu.hbm_bytes * eff.engine_memory_fraction - eff.engine_reserve_bytes
                     - engine_weight_bytes_per_gpu(model, t, e))
+    if resident_bytes:
+        free_per_gpu = free_per_gpu - resident_bytes
     kv_per_gpu_per_token = model.kv_bytes_per_token * np.maximum(1 / a, 1 / model.kv_shards)
     return replicas * np.maximum(free_per_gpu, 0.0) / kv_per_gpu_per_token
 
@@ -272,13 +276,22 @@ def train_state_bytes(model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayL
     1/2/3 shards the optimizer / +grads / +weights over dp. Routed experts (all of them, not only
     the active ones) split over experts.expert_ways instead of tp, and ZeRO over dp tp / ways.
     """
+    weights, grads, optim = train_state_parts(model, dp, tp, pp, zero_stage=zero_stage, ep=ep)
+    return weights + grads + optim
+
+
+def train_state_parts(model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, *, zero_stage: int = 3,
+                      ep: ArrayLike = 1) -> tuple[Array, Array, Array]:
+    """(weights, gradients, optimizer states) bytes per GPU, as train_state_bytes sums them."""
     d, t, p = _f(dp), _f(tp), _f(pp)
     ways = expert_ways(t, ep)
-    return (_sharded_states(model.params - model.expert_params, t * p, d, zero_stage)
-            + _sharded_states(model.expert_params, ways * p, d * t / ways, zero_stage))
+    dense = _sharded_states(model.params - model.expert_params, t * p, d, zero_stage)
+    experts = _sharded_states(model.expert_params, ways * p, d * t / ways, zero_stage)
+    return dense[0] + experts[0], dense[1] + experts[1], dense[2] + experts[2]
 
 
-def _sharded_states(params: float, model_ways: Array, zero_ways: Array, zero_stage: int) -> Array:
+def _sharded_states(params: float, model_ways: Array, zero_ways: Array, zero_stage: int
+                    ) -> tuple[Array, Array, Array]:
     per_param = params / model_ways
     weights, grads, optim = 2.0 * per_param, 2.0 * per_param, 12.0 * per_param
     if zero_stage >= 1:
@@ -287,22 +300,32 @@ def _sharded_states(params: float, model_ways: Array, zero_ways: Array, zero_sta
         grads = grads / zero_ways
     if zero_stage >= 3:
         weights = weights / zero_ways
-    return weights + grads + optim
+    return weights, grads, optim
 
 
 def colocate_switch_seconds(
     gpu: GpuType, model: ModelSpec, engine_tp: ArrayLike, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike,
     eff: Efficiency, *, zero_stage: int = 3, ep: ArrayLike = 1,
+    offload: tuple[bool, bool, bool] = (True, True, True), engine_sleep: int = 1,
 ) -> Array:
     """One hand-over of colocated GPUs between the rollout engine and the trainer.
 
-    The side that stops offloads its weights/states to host memory while the other loads its own
-    back over the same PCIe link (full duplex, so the larger of the two transfers), plus a fixed
-    cost for freeing and re-allocating the KV cache. A step has two hand-overs.
+    The side that stops offloads its part to host memory while the other loads its own back over
+    the same PCIe link (full duplex, so the larger of the two transfers), plus a fixed cost for
+    freeing and re-allocating the KV cache when the engine sleeps. A step has two hand-overs.
+    `offload` says which of the trainer's weights, gradients and optimizer states move (verl's
+    param_offload / grad_offload / optimizer_offload; those kept stay in HBM). The engine's part
+    is vLLM's sleep level: 1 moves its weights to the host and back, 2 discards them (the weight
+    sync that follows refills them), 0 keeps weights and KV cache resident (no fixed cost).
     """
-    engine = model.weight_bytes / _f(engine_tp)
-    trainer = train_state_bytes(model, dp, tp, pp, zero_stage=zero_stage, ep=ep)
-    return eff.switch_fixed_s + np.maximum(engine, trainer) / (gpu.host_bytes_per_s * eff.host_copy)
+    engine = model.weight_bytes / _f(engine_tp) if engine_sleep == 1 else np.zeros_like(_f(engine_tp))
+    if all(offload):  # the sum of the three, as train_state_bytes adds them
+        trainer = train_state_bytes(model, dp, tp, pp, zero_stage=zero_stage, ep=ep)
+    else:
+        parts = train_state_parts(model, dp, tp, pp, zero_stage=zero_stage, ep=ep)
+        trainer = sum((part for part, moved in zip(parts, offload, strict=True) if moved), np.zeros_like(parts[0]))
+    fixed = eff.switch_fixed_s if engine_sleep else 0.0
+    return fixed + np.maximum(engine, trainer) / (gpu.host_bytes_per_s * eff.host_copy)
 
 
 def sync_seconds(model: ModelSpec, engines: ArrayLike, path_bytes_per_s: ArrayLike, eff: Efficiency) -> Array:
