@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -46,12 +45,9 @@ class _EngineSpec:
 
 def _engine_specs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan) -> list[_EngineSpec]:
     model = workload.model
-    engines = sum(g.instances for g in plan.rollout)
     specs = []
     for gi, g in enumerate(plan.rollout):
-        cap_running = g.max_num_seqs or cm.efficiency.max_num_seqs  # the plan's cap, else vLLM's default
-        if plan.max_concurrent_rollouts is not None:
-            cap_running = min(cap_running, math.ceil(plan.max_concurrent_rollouts / engines))
+        cap_running = plan.running_cap(g, cm.efficiency.max_num_seqs)  # the plan's cap, else vLLM's default
         gpu = cluster.gpu(g.gpu_type)
         kv = float(cm.kv_capacity_tokens(gpu, model, g.tp))
         if kv < workload.max_seq_len:
@@ -133,7 +129,7 @@ def _simulate(cluster: Cluster, workload: Workload, plan: Plan, cost_model: Cost
     prompts = workload.prompt_len.sample(rng, total)
     responses = workload.response_len.sample(rng, total)
     specs = _engine_specs(cm, cluster, workload, plan)
-    interruptible = workload.interruptible and plan.mode == "async"
+    interruptible = workload.interrupts(plan.mode)
     if token_level:
         ctl = ref.Controller(env, batch, eta, prompts, responses)
         engines = _reference_engines(env, rec, ctl, workload, specs, interruptible)

@@ -6,6 +6,7 @@ A plan is a JSON file with a ``schema_version``; ``Plan.from_json(p.to_json()) =
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any, Literal
 
@@ -101,6 +102,15 @@ class Plan(BaseModel):
         if self.mode == "colocated":
             return {self.trainer.gpu_type: self.trainer.gpus}
         return {t: roles["rollout"] + roles["train"] for t, roles in self.gpus_by_type.items()}
+
+    def running_cap(self, group: RolloutGroup, default: int) -> int:
+        """Running sequences per engine of `group`: its max_num_seqs (else `default`, vLLM's 256), and no
+        more than its share of max_concurrent_rollouts spread evenly over every engine (simulator and runtime)."""
+        cap = group.max_num_seqs or default
+        if self.max_concurrent_rollouts is not None:
+            engines = sum(g.instances for g in self.rollout)
+            cap = min(cap, math.ceil(self.max_concurrent_rollouts / engines))
+        return cap
 
     @property
     def total_gpus(self) -> int:

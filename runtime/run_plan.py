@@ -1,0 +1,76 @@
+"""What of a plan and its workload a run executes, and what it refuses: checked before anything starts.
+
+The plan is the run: its groups are placed as planned (runtime.placement), and the workload's batch
+shape (prompts per step x group size), response cap (`response_len.max` new tokens), PPO
+minibatches, mode, staleness and interruptible flag drive the loop (`RunShape`). A field the runtime
+cannot honour is refused in one line (SpecError, exit 2 in the CLI), never dropped:
+- trainer pp > 1 (pipeline parallelism is not built) and trainer tp > 1 (tensor-parallel training
+  is being built in runtime/parallel.py; refused until it lands);
+- an engine TP the engine kind cannot run (`EngineFactory.refusal`: torch engines run tp 1);
+- PPO (the runtime trains GRPO), a KL reference, rollout logprobs as the old policy (the runtime's
+  loss recomputes the proximal policy), a simulated reward latency (a run measures its own).
+The workload's prompt lengths are not a directive: the task's prompts are what they are, and the run
+records the lengths it saw (traces.records.observed_workload).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from traces import Cluster, Plan, RolloutGroup, SpecError, Workload
+from traces.plan_check import plan_problems
+
+TOY_BATCH = (16, 16)  # prompts per step x group size without a workload: the toy run's measured default
+
+
+@dataclass(frozen=True)
+class RunShape:
+    prompts_per_step: int
+    group_size: int
+    response_cap: int | None  # new tokens per sample; None: the task's own
+    minibatches: int | None  # PPO minibatches per step; None: the trainer's default
+    mode: str
+    staleness: int
+    interruptible: bool  # weight loads interrupt running samples (async mode only, as the simulator)
+
+
+def run_shape(plan: Plan, workload: Workload | None, cluster: Cluster,
+              refusal: Callable[[RolloutGroup, int], str | None]) -> RunShape:
+    """The loop's shape for `plan` with `workload` (None: the toy batch at the plan's policy), or a
+    SpecError naming everything it cannot honour."""
+    problems = plan_problems(cluster, workload, plan)
+    t = plan.trainer
+    if t.pp > 1:
+        problems.append(f"trainer pp {t.pp}: pipeline-parallel training is not built in the runtime; plan with pp 1")
+    if t.tp > 1:
+        problems.append(f"trainer tp {t.tp}: tensor-parallel training is not in the runtime yet; plan with tp 1")
+    problems += [why for i, g in enumerate(plan.rollout) if (why := refusal(g, i)) is not None]
+    if workload is not None:
+        problems += _workload_problems(plan, workload)
+    if problems:
+        raise SpecError("; ".join(problems))
+    if workload is None:
+        prompts, group = TOY_BATCH
+        return RunShape(prompts, group, None, None, plan.mode, plan.staleness, plan.mode == "async")
+    return RunShape(workload.prompts_per_step, workload.group_size, workload.response_len.max,
+                    workload.ppo_minibatches, plan.mode, plan.staleness, workload.interrupts(plan.mode))
+
+
+def _workload_problems(plan: Plan, workload: Workload) -> list[str]:
+    out = []
+    if plan.model and workload.model.name != plan.model:
+        out.append(f"the plan is for model {plan.model} but the workload's is {workload.model.name}; "
+                   "give the workload the plan was made for")
+    if workload.algorithm != "grpo":
+        out.append(f"workload algorithm {workload.algorithm}: the runtime trains GRPO; set algorithm: grpo")
+    if workload.kl_reference:
+        out.append("workload kl_reference: the runtime's loss has no KL term to a reference policy; "
+                   "set kl_reference: false")
+    if workload.rollout_logprobs:
+        out.append("workload rollout_logprobs: the runtime recomputes the proximal policy (decoupled loss); "
+                   "set rollout_logprobs: false")
+    if workload.reward_seconds > 0:
+        out.append(f"workload reward_seconds {workload.reward_seconds:g}: a simulated reward latency; a run "
+                   "measures its own, set reward_seconds: 0")
+    return out
