@@ -12,6 +12,7 @@ need (`check_fits`): never shrunk, which would run another plan than the one giv
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -115,7 +116,7 @@ def local_cluster(cluster: Cluster, plan: Plan) -> Iterator[Any]:
         raise SpecError("--local starts its own Ray cluster, but this process is already connected to one")
     fake = start_fake_cluster(cluster, plan)
     try:
-        ray.init(address=fake.address, log_to_driver=False)
+        ray.init(address=fake.address, log_to_driver=False, logging_level=logging.WARNING)
         try:
             yield fake
         finally:

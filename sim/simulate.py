@@ -60,8 +60,7 @@ def _engine_specs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Pla
         mean = workload.prompt_len.expected() + workload.response_len.expected() / 2
         iteration = (0.0, *(decode.total(b, min(kv, b * mean), 1) for b in range(1, cap_running + 1)))
         for i in range(g.instances):
-            specs.append(_EngineSpec(g, f"{g.gpu_type}-tp{g.tp}-g{gi}-e{i}", cap_running, kv, decode, prefill,
-                                     iteration))
+            specs.append(_EngineSpec(g, engine_name(g, gi, i), cap_running, kv, decode, prefill, iteration))
     return specs
 
 
@@ -193,6 +192,11 @@ def _switch_seconds(cm: CostModel, cluster: Cluster, workload: Workload, plan: P
     engine_tp = max(g.tp for g in plan.rollout)
     return float(cm.colocate_switch(cluster.gpu(t.gpu_type), workload.model, engine_tp, t.dp, t.tp, t.pp,
                                     zero_stage=t.zero_stage).seconds)
+
+
+def engine_name(g: RolloutGroup, group: int, index: int) -> str:
+    """The timeline name of engine `index` of the plan's rollout group `group` (sim.fidelity maps it back)."""
+    return f"{g.gpu_type}-tp{g.tp}-g{group}-e{index}"
 
 
 def _group_key(g: RolloutGroup) -> str:
