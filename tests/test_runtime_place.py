@@ -67,6 +67,10 @@ def test_unrunnable_plans_are_refused_in_one_line_before_ray_starts(cli: Callabl
     other = write("w.yaml", WORKLOAD.read_text().replace("staleness: 2", "staleness: 1"))
     res = cli("run", str(PLAN), "--cluster", str(CLUSTER), "--workload", str(other), "--steps", "1")
     assert res.code == 2 and "staleness 1" in res.err and len(res.err.strip().splitlines()) == 1
+    caps = write("caps.json", json.dumps({**plan, "rollout": [{**plan["rollout"][0], "max_num_seqs": 8},
+                                                              plan["rollout"][1]]}))
+    res = cli("run", str(caps), "--cluster", str(CLUSTER), "--workload", str(WORKLOAD), "--in-process", "--steps", "1")
+    assert res.code == 2 and "8, 256" in res.err and len(res.err.strip().splitlines()) == 1, res.err
     assert not ray.is_initialized()
 
 

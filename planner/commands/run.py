@@ -57,6 +57,7 @@ from traces.records import observed_workload, read_metrics, read_run, write_run_
 TASKS = ("addition",)
 EXIT_RUN_FAILED = 1  # the run itself failed (a dead trainer); bad input exits 2
 MAX_IN_PROCESS_ENGINES = 16  # engines interleaved in one process: more only slow every step
+MAX_BATCH = 256  # running sequences per engine where the plan sets no cap (vLLM's max_num_seqs default)
 
 
 def register(sub: Any) -> None:
@@ -126,6 +127,10 @@ def run(args: argparse.Namespace) -> int:
     if args.in_process and engines > MAX_IN_PROCESS_ENGINES:
         raise SpecError(f"the plan has {engines} engines; --in-process interleaves at most "
                         f"{MAX_IN_PROCESS_ENGINES} (run it on Ray: drop --in-process)")
+    caps = sorted({plan.running_cap(g, MAX_BATCH) for g in plan.rollout})
+    if args.in_process and len(caps) > 1:
+        raise SpecError(f"--in-process runs every engine at one running cap; this plan's groups ask "
+                        f"{', '.join(map(str, caps))} (run it on Ray: drop --in-process)")
     local = not args.in_process and args.address is None
     if local:
         check_fits(cluster, plan)
@@ -145,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
                   "hidden": spec.hidden, "layers": spec.layers, "prompts_per_step": shape.prompts_per_step,
                   "group_size": shape.group_size, "progress": lambda row: _show(progress, row),
                   "interruptible": shape.interruptible, "response_cap": shape.response_cap, "train": train,
+                  "max_batch": caps[0] if args.in_process else MAX_BATCH,  # on Ray: each group's own cap
                   # checkpoints only where the user keeps the folder
                   "checkpoint_every": args.checkpoint_every if folder else 0,
                   "resume": args.resume is not None, "identity": {"plan": plan_shape(plan)}}
