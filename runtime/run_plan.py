@@ -10,7 +10,10 @@ cannot honour is refused in one line (SpecError, exit 2 in the CLI), never dropp
 - PPO (the runtime trains GRPO), a KL reference, rollout logprobs as the old policy (the runtime's
   loss recomputes the proximal policy), a simulated reward latency (a run measures its own).
 The workload's prompt lengths are not a directive: the task's prompts are what they are, and the run
-records the lengths it saw (traces.records.observed_workload).
+records the lengths it saw (traces.records.observed_workload). The trainer's memory settings change
+memory and speed, not the gradients, so a run goes ahead without them and says so (`not_applied`,
+printed and recorded): ZeRO sharding across dp > 1 ranks (the ranks hold DDP replicas) and
+activation recompute.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class RunShape:
     mode: str
     staleness: int
     interruptible: bool  # weight loads interrupt running samples (async mode only, as the simulator)
+    not_applied: tuple[str, ...] = ()  # plan settings run without (memory and speed only), said to the user
 
 
 def run_shape(plan: Plan, workload: Workload | None, cluster: Cluster,
@@ -50,11 +54,23 @@ def run_shape(plan: Plan, workload: Workload | None, cluster: Cluster,
         problems += _workload_problems(plan, workload)
     if problems:
         raise SpecError("; ".join(problems))
+    notes = _not_applied(plan)
     if workload is None:
         prompts, group = TOY_BATCH
-        return RunShape(prompts, group, None, None, plan.mode, plan.staleness, plan.mode == "async")
+        return RunShape(prompts, group, None, None, plan.mode, plan.staleness, plan.mode == "async", notes)
     return RunShape(workload.prompts_per_step, workload.group_size, workload.response_len.max,
-                    workload.ppo_minibatches, plan.mode, plan.staleness, workload.interrupts(plan.mode))
+                    workload.ppo_minibatches, plan.mode, plan.staleness, workload.interrupts(plan.mode), notes)
+
+
+def _not_applied(plan: Plan) -> tuple[str, ...]:
+    t = plan.trainer
+    out = []
+    if t.dp > 1 and t.zero_stage > 0:
+        out.append(f"trainer zero_stage {t.zero_stage}: the {t.dp} ranks hold full replicas (DDP); "
+                   "same gradients, more memory")
+    if t.recompute != "none":
+        out.append(f"trainer recompute {t.recompute}: activations are kept; same gradients, more memory")
+    return tuple(out)
 
 
 def _workload_problems(plan: Plan, workload: Workload) -> list[str]:

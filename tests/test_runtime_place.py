@@ -143,6 +143,7 @@ def test_two_type_plan_runs_as_planned_and_fidelity_reports_each_group(fake_clus
     print(f"\ntwo-type: reward {summary['eval_before']:.3f} -> {summary['eval_after']:.3f}, training reward "
           f"{sum(rewards[:10]) / 10:.3f} -> {sum(rewards[-10:]) / 10:.3f}, {summary['seconds']:.1f} s")
     assert summary["steps"] == STEPS and summary["mode"] == "async" and summary["batch"] == [16, 16]
+    assert summary["not_applied"] == ["trainer recompute selective: activations are kept; same gradients, more memory"]
     assert summary["eval_after"] > 3 * summary["eval_before"]
     assert sum(rewards[-10:]) > sum(rewards[:10])
     assert summary["max_staleness"] <= summary["staleness_bound"] == 2

@@ -185,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
                "engine_restarts": result.engine_restarts, "samples_regenerated": len(result.requeued_sids),
                "duplicates_dropped": result.duplicates, "samples_trained": result.samples,
                "trainer_ranks": list(result.trainer_ranks), "placement": result.placement,
+               "not_applied": list(shape.not_applied),
                "prediction": fid.summary() if fid else {"skipped": why}}
     where = {"in-process": "in one process", "ray-local": "on a local Ray cluster of fake nodes",
              "ray": "on Ray"}[executor]
@@ -193,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
         + (f"{dp} trainer ranks, " if dp > 1 else "") + f"staleness bound {plan.staleness}, {where}"
         + (f", resumed from step {result.first_step}" if args.resume else ""),
         *_placement_lines(result.placement),
+        *(f"  not applied: {note}" for note in shape.not_applied),
         *([f"  faults    {result.engine_restarts} engine restarts, {len(result.requeued_sids)} samples "
            "re-generated, 0 lost"] if result.engine_restarts else []),
         f"  reward    {result.eval_before:.3f} -> {result.eval_after:.3f} (chance {result.chance:.3f}, "
