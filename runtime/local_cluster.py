@@ -23,12 +23,13 @@ from runtime.ray_start import LOOPBACK_ENV
 from traces import Cluster, Plan, SpecError
 from traces.placement import NODE_LABEL, NODE_RESOURCE, TYPE_LABEL, TYPE_RESOURCE
 
-# What this machine can host: each fake node is a raylet (and the head also the GCS), each plan
-# device an actor process. Measured on the 2-core test machine: a raylet ~150 MB resident, a torch
-# actor ~350 MB; past ~8 raylets start-up alone takes a minute there.
+# What this machine can host: each fake node is a raylet with its agents (and the head also the GCS),
+# each plan device an actor process. Resident memory measured here (ps): a raylet ~30 MB, its
+# dashboard agent ~130 MB and runtime-env agent; a torch engine actor ~560 MB (shared libraries
+# counted). Process limits: past ~8 raylets and 16 actors on 2 cores start-up alone takes minutes.
 MAX_NODES = 8
 MAX_PROCESSES = 16
-RAYLET_MB, ACTOR_MB = 200, 400
+RAYLET_MB, ACTOR_MB = 300, 550
 LOOPBACK = "127.0.0.1"  # every fake node listens on loopback only (never expose a Ray cluster)
 OBJECT_STORE_BYTES = 96 * 1024**2  # per fake node: the batches and weights of tiny models; Ray's default is 30% of RAM
 

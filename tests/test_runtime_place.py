@@ -79,8 +79,8 @@ def test_a_cluster_too_big_for_this_machine_is_refused_with_what_it_needs(cli: C
     from runtime.local_cluster import check_fits
 
     cluster, plan = load_cluster(CLUSTER), load_plan(PLAN)
-    check_fits(cluster, plan, free_mb=4096)  # 3 nodes and 4 processes: about 2.1 GiB
-    with pytest.raises(SpecError, match=r"3 fake nodes .* 4 actor processes \(about 2\.1 GiB\).* 1\.0 GiB"):
+    check_fits(cluster, plan, free_mb=4096)  # 3 nodes and 4 processes: about 3.0 GiB
+    with pytest.raises(SpecError, match=r"3 fake nodes .* 4 actor processes \(about 3\.0 GiB\).* 1\.0 GiB"):
         check_fits(cluster, plan, free_mb=1024)
     big = write("big.yaml", CLUSTER.read_text() + "  - {gpu_type: cpu-a, nodes: 10, gpus_per_node: 2}\n")
     res = cli("run", str(PLAN), "--cluster", str(big), "--workload", str(WORKLOAD), "--local", "--steps", "1")
