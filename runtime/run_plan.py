@@ -8,9 +8,10 @@ cannot honour is refused in one line (SpecError, exit 2 in the CLI), never dropp
   is being built in runtime/parallel.py; refused until it lands);
 - an engine TP the engine kind cannot run (`EngineFactory.refusal`: torch engines run tp 1);
 - PPO (the runtime trains GRPO), a KL reference, rollout logprobs as the old policy (the runtime's
-  loss recomputes the proximal policy), a simulated reward latency (a run measures its own).
+  loss recomputes the proximal policy).
 The workload's prompt lengths are not a directive: the task's prompts are what they are, and the run
-records the lengths it saw (traces.records.observed_workload). The trainer's memory settings change
+records the lengths it saw (traces.records.observed_workload); nor is its reward latency (a run's
+reward takes what it takes, and is said as not applied). The trainer's memory settings change
 memory and speed, not the gradients, so a run goes ahead without them and says so (`not_applied`,
 printed and recorded): ZeRO sharding across dp > 1 ranks (the ranks hold DDP replicas) and
 activation recompute.
@@ -55,6 +56,9 @@ def run_shape(plan: Plan, workload: Workload | None, cluster: Cluster,
     if problems:
         raise SpecError("; ".join(problems))
     notes = _not_applied(plan)
+    if workload is not None and workload.reward_seconds > 0:
+        notes += (f"workload reward_seconds {workload.reward_seconds:g}: the simulator's reward latency; "
+                  "this run's reward takes what it takes",)
     if workload is None:
         prompts, group = TOY_BATCH
         return RunShape(prompts, group, None, None, plan.mode, plan.staleness, plan.mode == "async", notes)
@@ -86,7 +90,4 @@ def _workload_problems(plan: Plan, workload: Workload) -> list[str]:
     if workload.rollout_logprobs:
         out.append("workload rollout_logprobs: the runtime recomputes the proximal policy (decoupled loss); "
                    "set rollout_logprobs: false")
-    if workload.reward_seconds > 0:
-        out.append(f"workload reward_seconds {workload.reward_seconds:g}: a simulated reward latency; a run "
-                   "measures its own, set reward_seconds: 0")
     return out

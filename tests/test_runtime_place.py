@@ -191,6 +191,7 @@ def test_sync_and_colocated_plans_run_and_are_recorded_as_such(mode: str, fake_c
     _assert_on_plan_nodes(summary, _node_labels(fake_cluster.address), json.loads(plan.to_json()))
     assert summary["mode"] == mode and summary["steps"] == 4 and summary["max_staleness"] == 0
     assert json.loads((out / "placement.json").read_text())["mode"] == mode
+    assert json.loads((out / "run.json").read_text())["mode"] == mode
     assert load_plan(out / "plan.json").mode == mode
     assert summary["samples_trained"] == 4 * 32 and summary["samples_regenerated"] == 0
     if mode == "colocated":  # the engine and the trainer rank share node 1's one bundle

@@ -9,6 +9,8 @@ A run folder holds:
   executed, the job with the length mix actually observed, and the machines;
 - `placement.json` (Ray runs): the mode, engine kind, whether bundles were pinned to the plan's
   nodes, each plan group's actors, and every actor's Ray node with its GPU-type label and node index;
+- `run.json` (`rlfleet run`): the run's summary as `--json` prints it (mode, batch, reward, staleness,
+  samples trained and re-generated, placement, the plan settings not applied, the prediction);
 - `phases.json` (Ray runs): per plan group and phase, the busy seconds, intervals and mean interval
   (`group_phases` of the timeline, the function fidelity applies to a simulation as well).
 So a prediction of the same run is one `sim.simulate` call away (sim.fidelity does it).
@@ -42,6 +44,7 @@ WORKLOAD_FILE = "workload.yaml"
 CLUSTER_FILE = "cluster.yaml"
 PLACEMENT_FILE = "placement.json"
 PHASES_FILE = "phases.json"
+RUN_FILE = "run.json"
 MAX_RECORD_BYTES = 512 * 1024**2  # a long run's metrics and timeline; the cap only stops a wrong file
 
 

@@ -30,6 +30,7 @@ dp must divide the step's prompts (GRPO groups), and --in-process, one process, 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -50,9 +51,9 @@ from traces import (
     load_plan,
     load_workload,
 )
-from traces.io import ensure_folder
+from traces.io import atomic_write_text, ensure_folder
 from traces.progress import bar
-from traces.records import observed_workload, read_metrics, read_run, write_run_spec
+from traces.records import RUN_FILE, observed_workload, read_metrics, read_run, write_run_spec
 
 TASKS = ("addition",)
 EXIT_RUN_FAILED = 1  # the run itself failed (a dead trainer); bad input exits 2
@@ -187,6 +188,8 @@ def run(args: argparse.Namespace) -> int:
                "trainer_ranks": list(result.trainer_ranks), "placement": result.placement,
                "not_applied": list(shape.not_applied),
                "prediction": fid.summary() if fid else {"skipped": why}}
+    if folder:
+        atomic_write_text(Path(folder) / RUN_FILE, json.dumps(summary, indent=1) + "\n")
     where = {"in-process": "in one process", "ray-local": "on a local Ray cluster of fake nodes",
              "ray": "on Ray"}[executor]
     emit(summary, args.json, [
