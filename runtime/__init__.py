@@ -19,8 +19,12 @@ Running one:
 - `ray_run`: a run on Ray from start-up to tear-down, `run_on_ray`; `ray_start`: Ray's start-up.
 - `ray_loop`: the driver on Ray (`RayLoop`, `TrainerLost`); `ray_futures`: results of calls to dying actors.
 - `engine_worker`, `trainer_worker`: the engine and trainer-rank actors.
-- `fleet`: the engine actors' handles, spawning, sync-group joins and replacements.
-- `placement`: one Ray placement group per plan group, pinned to its GPU type.
+- `fleet`: the engine actors' handles, spawning, sync-group joins and replacements;
+  `engine_factory`: how an engine kind's actors are built and what of a plan group it refuses.
+- `run_plan`: what of a plan and workload a run executes (`RunShape`) and what it refuses.
+- `placement`: one Ray placement group per plan group, pinned to its GPU type and plan nodes;
+  `placement_record`: who ran where (`placement.json`, `phases.json`).
+- `local_cluster`: `rlfleet run --local`'s Ray cluster of fake nodes mirroring a cluster file.
 - `settings`: sync limits and the `Faults` to inject; `fault_injection` fires them; `committer`: the
   checkpoint commit thread.
 - `toy`: the toy task's set-up and entry points, `run_toy` (one process) and `run_toy_ray`.

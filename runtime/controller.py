@@ -47,6 +47,7 @@ class LoopConfig:
     staleness: int = 2  # eta
     checkpoint_every: int = 0  # steps; 0 = only at the end (when out_dir is given); 1: a crash redoes one step
     max_idle_ticks: int = 1000  # a tick where nothing can move is a bug; stop rather than spin
+    response_cap: int | None = None  # new tokens per sample (the workload's response cap); None: the task's
 
 
 class Routable(Protocol):
@@ -104,6 +105,10 @@ class Controller:
         self._lengths: dict[str, dict[str, int]] = {}
 
     @property
+    def max_new_tokens(self) -> int:
+        return self.config.response_cap or self.task.max_new_tokens
+
+    @property
     def version(self) -> int:
         """The weights' version the controller has seen synced to the engines."""
         return self.ctl.version
@@ -129,7 +134,7 @@ class Controller:
             prompt = self.task.sample(self.rng)
             self.groups[uid] = _Group(uid, start, prompt)
             ids = tuple(self.tokenizer.encode(prompt))
-            requests.extend(Request(uid * n + j, ids, self.task.max_new_tokens) for j in range(n))
+            requests.extend(Request(uid * n + j, ids, self.max_new_tokens) for j in range(n))
         if not requests:
             return False
         # The simulator's routing rule (traces.routing). The engines' iteration times are not known
@@ -282,7 +287,7 @@ class Controller:
             ctl.in_flight[group.start_version] += 1
             have = {c.sid for c in group.done}
             ids = tuple(self.tokenizer.encode(group.prompt))
-            self._retry.extend(Request(sid, ids, self.task.max_new_tokens)
+            self._retry.extend(Request(sid, ids, self.max_new_tokens)
                                for sid in range(group.uid * n, (group.uid + 1) * n) if sid not in have)
         for b in state["buffer"]:
             item = _Trainable(tuple(b["sids"]), [_rollout(r) for r in b["rollouts"]])

@@ -8,14 +8,15 @@ sends it the current weights).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from transformers import PreTrainedModel
 
 from runtime.engine import Completion, Request
-from runtime.engine_worker import EngineStatus, EngineWorker
+from runtime.engine_factory import EngineFactory, TorchEngines
+from runtime.engine_worker import EngineStatus
 from runtime.model import CharTokenizer
 from runtime.placement import Group
 from runtime.ray_futures import gather
@@ -62,19 +63,21 @@ class EngineHandle:
         return self.actor.step.remote(requests)
 
 
-def engine_spawner(groups: Sequence[Group], model: PreTrainedModel | str, tokenizer: CharTokenizer, seed: int,
-                   max_batch: int, interruptible: bool) -> Spawn:
-    """`spawn(index, restart)`: an engine actor on slot `index` (its group's bundle), seeded per restart."""
-    import ray
+def engine_spawner(groups: Iterable[Group], model: PreTrainedModel | str, tokenizer: CharTokenizer, seed: int,
+                   max_batch: int | Sequence[int], interruptible: bool, engines: EngineFactory | None = None) -> Spawn:
+    """`spawn(index, restart)`: an engine actor on slot `index` (its group's bundle), seeded per restart.
 
-    engine_cls = ray.remote(EngineWorker)
-    slots = [(g, i) for g in groups if g.role == "rollout" for i in range(g.actors)]
+    `max_batch`: running sequences per engine, one figure or one per rollout group (the plan's caps);
+    `engines`: the factory that builds them (torch engines by default)."""
+    factory = engines or TorchEngines(model, tokenizer.eos_id, tokenizer.pad_id, interruptible)
+    rollout = [g for g in groups if g.role == "rollout"]
+    caps = [max_batch] * len(rollout) if isinstance(max_batch, int) else list(max_batch)
+    slots = [(g, i, cap) for g, cap in zip(rollout, caps, strict=True) for i in range(g.actors)]
 
     def spawn(index: int, restart: int = 0) -> Any:
-        group, i = slots[index]
-        return engine_cls.options(**group.actor_options(i)).remote(
-            model, tokenizer.eos_id, tokenizer.pad_id, f"engine{index}", max_batch,
-            seed * 1000 + index + 1 + 100_003 * restart, interruptible)
+        group, i, cap = slots[index]
+        return factory.spawn(group.actor_options(i), f"engine{index}", seed * 1000 + index + 1 + 100_003 * restart,
+                             cap)
 
     return spawn
 
@@ -89,7 +92,7 @@ def join_sync_group(trainer: Any, engines: Sequence[Any], host: str, port: int, 
             *(a.join_sync.remote(host, port, r + 1, world, bucket_bytes, timeout_s) for r, a in enumerate(engines))]
 
 
-def start_fleet(groups: Sequence[Group], model: PreTrainedModel | str, tokenizer: CharTokenizer,
+def start_fleet(groups: Iterable[Group], model: PreTrainedModel | str, tokenizer: CharTokenizer,
                 train: TrainConfig, seed: int, max_batch: int, interruptible: bool,
                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = SYNC_TIMEOUT_S,
                 spawn: Spawn | None = None, tp: int = 1) -> tuple[list[EngineHandle], list[Any]]:
@@ -100,6 +103,7 @@ def start_fleet(groups: Sequence[Group], model: PreTrainedModel | str, tokenizer
     import ray
 
     spawn = spawn or engine_spawner(groups, model, tokenizer, seed, max_batch, interruptible)
+    groups = list(groups)
     engines = sum(g.actors for g in groups if g.role == "rollout")
     actors = [spawn(k) for k in range(engines)]
     ranks = start_trainers(next(g for g in groups if g.role == "train"), model, tokenizer.pad_id, train, seed,
@@ -112,7 +116,7 @@ def start_fleet(groups: Sequence[Group], model: PreTrainedModel | str, tokenizer
     return handles, ranks
 
 
-def start_actors(groups: Sequence[Group], model: PreTrainedModel | str, tokenizer: CharTokenizer,
+def start_actors(groups: Iterable[Group], model: PreTrainedModel | str, tokenizer: CharTokenizer,
                  train: TrainConfig, seed: int, max_batch: int, interruptible: bool,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = SYNC_TIMEOUT_S
                  ) -> tuple[list[EngineHandle], Any]:

@@ -1,9 +1,15 @@
 """One run on Ray, from start-up to tear-down: Ray, the plan's placement groups, the fleet, the driver.
 
 `run_on_ray` takes a `RunSetup` (runtime.run_setup) and a plan, whoever built them: the toy task
-(runtime.toy) today, a real model and data set later. It starts a local Ray on loopback (or joins
-`address`) and leaves it running for the caller to shut down (`ray.shutdown()`), so several runs
-share one start-up. Its actors and placement groups are gone when it returns, or raises.
+(runtime.toy) today, a real model and data set later. It uses the Ray this process is connected to
+(`rlfleet run --local`'s fake cluster, runtime.local_cluster), else starts a local Ray on loopback
+(or joins `address`), and leaves it running for the caller to shut down (`ray.shutdown()`), so
+several runs share one start-up. Its actors and placement groups are gone when it returns, or raises.
+
+Every plan group gets its placement group (runtime.placement; with `cluster`, pinned to the plan's
+nodes where Ray names them); each rollout group's engines run at the plan's running cap
+(`Plan.running_cap`), built by the engine factory given (runtime.engine_factory; torch engines by
+default). With an out folder, who ran where is recorded (runtime.placement_record).
 """
 
 from __future__ import annotations
@@ -13,22 +19,25 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.controller import Controller, LoopConfig
+from runtime.engine_factory import EngineFactory, TorchEngines
 from runtime.fleet import engine_spawner, start_fleet
 from runtime.parallel import check_pp
 from runtime.placement import place
+from runtime.placement_record import describe_placement, write_placement
 from runtime.ray_loop import RayLoop
 from runtime.ray_start import init_ray
 from runtime.records import RunRecorder
 from runtime.run_result import Finished
 from runtime.run_setup import RunSetup
 from runtime.settings import SYNC_TIMEOUT_S, Faults, SyncSettings
-from traces import Plan
+from traces import Cluster, Plan
 
 
 def run_on_ray(plan: Plan, setup: RunSetup, config: LoopConfig, seed: int = 0, max_batch: int = 256,
                interruptible: bool = True, address: str | None = None,
                progress: Callable[[dict[str, Any]], None] | None = None, faults: Faults | None = None,
-               sync_timeout_s: float = SYNC_TIMEOUT_S) -> Finished:
+               sync_timeout_s: float = SYNC_TIMEOUT_S, cluster: Cluster | None = None,
+               engines: EngineFactory | None = None, executor: str = "ray") -> Finished:
     """Train `setup` with the plan's engines and trainer ranks as Ray actors and real weight sync.
 
     Dead engines are replaced; a dead trainer raises `runtime.ray_loop.TrainerLost`, and a setup with
@@ -38,15 +47,18 @@ def run_on_ray(plan: Plan, setup: RunSetup, config: LoopConfig, seed: int = 0, m
     out, model, tokenizer, record = setup.out, setup.model, setup.tokenizer, setup.record
     check_pp(plan.trainer.pp)  # before Ray starts: its bundles would be taken for dp x tp ranks
     init_ray(plan, address)
-    groups = place(plan, gpus=False)
+    groups = place(plan, gpus=False, cluster=cluster)
     loop: RayLoop | None = None
     actors: list[Any] = []
-    spawn = engine_spawner(groups, model, tokenizer, seed, max_batch, interruptible)
+    caps = [plan.running_cap(g, max_batch) for g in plan.rollout]
+    factory = engines or TorchEngines(model, tokenizer.eos_id, tokenizer.pad_id, interruptible)
+    spawn = engine_spawner(groups, model, tokenizer, seed, caps, interruptible, factory)
     try:
         handles, ranks = start_fleet(groups, model, tokenizer, setup.train, seed, max_batch, interruptible,
                                      timeout_s=sync_timeout_s, spawn=spawn, tp=plan.trainer.tp)
         trainer = ranks[0]
         actors = [h.actor for h in handles] + ranks
+        where = describe_placement(plan, groups, [h.actor for h in handles], ranks, factory.kind, executor)
         control = Controller(setup.task, tokenizer, config, seed=seed, out_dir=out, clock=time.time,
                              progress=progress, identity=setup.identity)
         if record is not None:
@@ -61,10 +73,11 @@ def run_on_ray(plan: Plan, setup: RunSetup, config: LoopConfig, seed: int = 0, m
         seconds = time.time() - t0
         model.load_state_dict(ray.get(trainer.weights.remote()))
         described = tuple(ray.get([rank.describe.remote() for rank in ranks]))
+        if out is not None:
+            write_placement(out, where)
     finally:
         for actor in (loop.actors() if loop is not None else []) + actors:
             ray.kill(actor)
-        for g in groups:
-            ray.util.remove_placement_group(g.placement_group)
+        groups.remove()
     return Finished(control, model, seconds, described[0]["version"], described[0]["optimizer_steps"],
-                    loop.fleet.restarts, described)
+                    loop.fleet.restarts, described, where)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 from runtime.placement import TYPE_RESOURCE
@@ -24,7 +25,7 @@ def init_ray(plan: Plan, address: str | None = None, extra_cpus: int = 1) -> Non
     if ray.is_initialized():
         return
     if address is not None:
-        ray.init(address=address, log_to_driver=False)
+        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         return
     need: dict[str, float] = {}
     for group in plan.rollout:

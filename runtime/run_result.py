@@ -34,6 +34,7 @@ class RunResult:
     engine_restarts: int = 0
     # each trainer rank at the end (Ray runs): rank, pid, node, version, steps it trained, its weights' sha256
     trainer_ranks: tuple[dict[str, Any], ...] = ()
+    placement: dict[str, Any] | None = None  # who ran where (runtime.placement_record; Ray runs)
 
     @property
     def chance(self) -> float:
@@ -60,6 +61,7 @@ class Finished:
     optimizer_steps: int
     engine_restarts: int = 0
     trainer_ranks: tuple[dict[str, Any], ...] = ()  # every rank's `describe()` (Ray runs)
+    placement: dict[str, Any] | None = None  # who ran where (runtime.placement_record; Ray runs)
 
 
 def summarize(setup: RunSetup, finished: Finished) -> RunResult:
@@ -78,4 +80,5 @@ def summarize(setup: RunSetup, finished: Finished) -> RunResult:
         optimizer_steps=finished.optimizer_steps, trained_sids=tuple(control.trained_sids),
         requeued_sids=tuple(control.requeued_sids), duplicates=control.duplicates,
         engine_restarts=finished.engine_restarts, trainer_ranks=finished.trainer_ranks,
+        placement=finished.placement,
     )

@@ -24,7 +24,7 @@ from runtime.run_setup import RunSetup
 from runtime.settings import SYNC_TIMEOUT_S, Faults
 from runtime.task import AdditionTask
 from runtime.trainer import TrainConfig
-from traces import Plan, RolloutGroup, TrainerGroup
+from traces import Cluster, Plan, RolloutGroup, TrainerGroup
 
 TOY_GPU_TYPE = "CPU"  # the toy plan's type label; on CPU only a custom resource on the local node
 
@@ -63,7 +63,8 @@ def run_toy(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0, out
             prompts_per_step: int = 16, group_size: int = 16, train: TrainConfig | None = None,
             interruptible: bool = True, max_batch: int = 256, task: AdditionTask | None = None, hidden: int = 64,
             layers: int = 2, progress: Callable[[dict[str, Any]], None] | None = None,
-            checkpoint_every: int = 0, resume: bool = False, identity: dict[str, Any] | None = None) -> RunResult:
+            checkpoint_every: int = 0, resume: bool = False, identity: dict[str, Any] | None = None,
+            response_cap: int | None = None) -> RunResult:
     """Train the tiny Llama on digit addition with async GRPO: one trainer, `engines` torch engines.
 
     Defaults are the measured ones that learn on two CPU cores in well under a minute: operands 0..4
@@ -77,7 +78,7 @@ def run_toy(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0, out
     """
     toy = toy_setup(steps, engines, staleness, seed, out_dir, prompts_per_step, group_size, train, task, hidden,
                     layers, resume, identity)
-    config = LoopConfig(steps, prompts_per_step, group_size, staleness, checkpoint_every)
+    config = LoopConfig(steps, prompts_per_step, group_size, staleness, checkpoint_every, response_cap=response_cap)
     return summarize(toy, run_in_process(toy, config, engines, seed, max_batch, interruptible, progress))
 
 
@@ -87,24 +88,31 @@ def run_toy_ray(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0,
                 hidden: int = 64, layers: int = 2, address: str | None = None,
                 progress: Callable[[dict[str, Any]], None] | None = None, checkpoint_every: int = 0,
                 resume: bool = False, identity: dict[str, Any] | None = None, faults: Faults | None = None,
-                sync_timeout_s: float = SYNC_TIMEOUT_S, dp: int = 1, tp: int = 1) -> RunResult:
+                sync_timeout_s: float = SYNC_TIMEOUT_S, dp: int = 1, tp: int = 1, plan: Plan | None = None,
+                cluster: Cluster | None = None, response_cap: int | None = None, executor: str = "ray") -> RunResult:
     """`run_toy` with engines and trainer as Ray actors and real weight sync.
 
-    Starts a local Ray on loopback (or joins `address`) and leaves it running for the caller to
-    shut down (`ray.shutdown()`), so several runs share one start-up (runtime.ray_run). Dead engines
-    are replaced; a dead trainer raises `runtime.ray_loop.TrainerLost`, and `resume=True` continues
-    the run in `out_dir` from its last checkpoint (`checkpoint_every` steps, and at the end).
+    Starts a local Ray on loopback (or joins `address`, or uses the Ray this process is connected to)
+    and leaves it running for the caller to shut down (`ray.shutdown()`), so several runs share one
+    start-up (runtime.ray_run). Dead engines are replaced; a dead trainer raises
+    `runtime.ray_loop.TrainerLost`, and `resume=True` continues the run in `out_dir` from its last
+    checkpoint (`checkpoint_every` steps, and at the end).
 
     `dp` > 1: that many data-parallel trainer ranks (runtime.parallel), one actor each; rank 0 syncs the
     weights and checkpoints, every rank loads the checkpoint on resume, and a dead rank is a dead trainer.
     `tp` > 1: each of the dp groups is tp ranks that split the model's heads and MLP (runtime.tensor_parallel).
+    `plan`: run that plan's groups as planned (its engines, staleness, dp and tp replace `engines`,
+    `staleness`, `dp` and `tp`), on `cluster`'s nodes where Ray names them; `response_cap`: new tokens per sample.
     """
+    if plan is not None:
+        engines, staleness = sum(g.instances for g in plan.rollout), plan.staleness
+        dp, tp = plan.trainer.dp, plan.trainer.tp
     toy = toy_setup(steps, engines, staleness, seed, out_dir, prompts_per_step, group_size, train, task, hidden,
                     layers, resume, identity)
     cfg = toy.model.config
     check_trainer_shape(dp, tp, 1, prompts_per_step, cfg.num_attention_heads, cfg.num_key_value_heads,
                         cfg.intermediate_size)
-    config = LoopConfig(steps, prompts_per_step, group_size, staleness, checkpoint_every)
-    finished = run_on_ray(toy_plan(engines, staleness, dp=dp, tp=tp), toy, config, seed, max_batch, interruptible,
-                          address, progress, faults, sync_timeout_s)
+    config = LoopConfig(steps, prompts_per_step, group_size, staleness, checkpoint_every, response_cap=response_cap)
+    finished = run_on_ray(plan or toy_plan(engines, staleness, dp=dp, tp=tp), toy, config, seed, max_batch,
+                          interruptible, address, progress, faults, sync_timeout_s, cluster=cluster, executor=executor)
     return summarize(toy, finished)

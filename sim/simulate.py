@@ -24,7 +24,6 @@ from sim.trainer import Trainer
 from traces import Cluster, CostModel, Plan, SpecError, Workload
 from traces.costmodel.rl import colocated_resident_bytes, colocated_trainer_fits, trainer_step_seconds
 from traces.links import sync_path_bytes_per_s, trainer_network
-from traces.moe import attention_replicas
 from traces.plan import RolloutGroup
 from traces.plan_check import check_plan
 from traces.pricing import plan_price_per_hour
@@ -48,15 +47,11 @@ class _EngineSpec:
 
 def _engine_specs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan) -> list[_EngineSpec]:
     model = workload.model
-    engines = sum(g.instances for g in plan.rollout)
     # colocated: trainer states the plan keeps in HBM take KV cache from the engine sharing the GPU
     resident = colocated_resident_bytes(workload, plan.trainer, plan.offload) if plan.mode == "colocated" else 0.0
     specs = []
     for gi, g in enumerate(plan.rollout):
-        # the plan's cap, else vLLM's default, per attention replica (an EP engine has one per GPU)
-        cap_running = (g.max_num_seqs or cm.efficiency.max_num_seqs) * int(attention_replicas(g.ep))
-        if plan.max_concurrent_rollouts is not None:
-            cap_running = min(cap_running, math.ceil(plan.max_concurrent_rollouts / engines))
+        cap_running = plan.running_cap(g, cm.efficiency.max_num_seqs)  # the plan's cap, else vLLM's default
         gpu = cluster.gpu(g.gpu_type)
         kv = float(cm.kv_capacity_tokens(gpu, model, g.tp, g.ep, resident))
         if kv < workload.max_seq_len:
@@ -71,8 +66,7 @@ def _engine_specs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Pla
         mean = workload.prompt_len.expected() + workload.response_len.expected() / 2
         iteration = (0.0, *(decode.total(b, min(kv, b * mean), 1) for b in range(1, cap_running + 1)))
         for i in range(g.instances):
-            specs.append(_EngineSpec(g, f"{g.gpu_type}-tp{g.tp}-g{gi}-e{i}", cap_running, kv, decode, prefill,
-                                     iteration))
+            specs.append(_EngineSpec(g, engine_name(g, gi, i), cap_running, kv, decode, prefill, iteration))
     return specs
 
 
@@ -143,7 +137,7 @@ def _simulate(cluster: Cluster, workload: Workload, plan: Plan, cost_model: Cost
     prompts = workload.prompt_len.sample(rng, total)
     responses = workload.response_len.sample(rng, total)
     specs = _engine_specs(cm, cluster, workload, plan)
-    interruptible = workload.interruptible and plan.mode == "async"
+    interruptible = workload.interrupts(plan.mode)
     dapo = workload.dynamic_sampling
     passes = None if dapo is None else _group_passes(workload, total, seed)
     filtering = {"passes": passes, "oversample": 1.0 if dapo is None else dapo.oversample}
@@ -237,6 +231,11 @@ def _switch_seconds(cm: CostModel, cluster: Cluster, workload: Workload, plan: P
                         f"each {t.gpu_type} and the trainer does not fit in the rest; set engine_sleep 1 or 2")
     return float(cm.colocate_switch(gpu, workload.model, engine_tp, t.dp, t.tp, t.pp, zero_stage=t.zero_stage, ep=t.ep,
                                     offload=plan.offload.trainer_parts, engine_sleep=plan.offload.engine_sleep).seconds)
+
+
+def engine_name(g: RolloutGroup, group: int, index: int) -> str:
+    """The timeline name of engine `index` of the plan's rollout group `group` (sim.fidelity maps it back)."""
+    return f"{g.gpu_type}-tp{g.tp}-g{group}-e{index}"
 
 
 def _group_key(g: RolloutGroup) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 def test_rlfleet_run_learns_within_the_bound(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     res = cli("run", "traces/data/plans/toy-cpu.json", "--steps", "150", "--out", str(tmp_path), "--json")
     assert res.code == 0, res.err
-    assert res.json()["executor"] == "ray"  # engines and trainer were Ray actors, weights over gloo
+    assert res.json()["executor"] == "ray-local"  # Ray actors on a fake node mirroring cpu-host, weights over gloo
     assert res.code == 0, res.err
     out = res.json()
     print(f"reward {out['eval_before']:.3f} -> {out['eval_after']:.3f} (chance {out['chance']:.3f}) "
@@ -23,7 +23,9 @@ def test_rlfleet_run_learns_within_the_bound(cli, tmp_path: Path) -> None:  # ty
 
 
 def test_rlfleet_run_refuses_what_it_cannot_do(cli, write) -> None:  # type: ignore[no-untyped-def]
-    colocated = write("p.json", json.dumps({"mode": "colocated", "rollout": [{"gpu_type": "H100", "instances": 1}],
-                                            "trainer": {"gpu_type": "H100", "dp": 1}}))
-    res = cli("run", str(colocated), "--steps", "1", "--local")
-    assert res.code == 2 and "colocated" in res.err and len(res.err.strip().splitlines()) == 1
+    h100 = write("p.json", json.dumps({"mode": "colocated", "rollout": [{"gpu_type": "H100", "instances": 1}],
+                                       "trainer": {"gpu_type": "H100", "dp": 1}}))
+    res = cli("run", str(h100), "--steps", "1", "--in-process")  # the default cluster is this machine, cpu-host
+    assert res.code == 2 and "H100" in res.err and "cpu-host" in res.err and len(res.err.strip().splitlines()) == 1
+    res = cli("run", "traces/data/plans/toy-cpu.json", "--steps", "1", "--in-process", "--address", "127.0.0.1:1")
+    assert res.code == 2 and "not allowed with" in res.err

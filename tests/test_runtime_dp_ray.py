@@ -4,7 +4,7 @@
   their replicas end bitwise equal, the staleness bound holds and the step metrics are sane;
 - a dead rank 1 is a dead trainer: the run stops naming rank 0's checkpoint, and the resume (every
   rank loads that one file) finishes the run with the replicas still equal;
-- a dp that cannot share a step's GRPO groups, or dp > 1 with --local, is refused in one line (exit 2).
+- a dp that cannot share a step's GRPO groups, or dp > 1 with --in-process, is refused in one line (exit 2).
 
 Exact parity of a dp=2 step with a dp=1 step is tests/test_runtime_parallel.py's job: two async runs
 differ in engine timing, so their batches (and weights) differ whatever the trainer does.
@@ -47,7 +47,7 @@ def test_rlfleet_run_trains_on_two_data_parallel_ranks(cli: Callable[..., Any], 
     out = res.json()
     print(f"\ndp=2: {out['steps']} steps in {out['seconds']:.1f} s, ranks "
           f"{[(r['rank'], r['pid'], r['steps_trained']) for r in out['trainer_ranks']]}")
-    assert (out["executor"], out["trainer_dp"], out["steps"], out["version"]) == ("ray", 2, steps, steps)
+    assert (out["executor"], out["trainer_dp"], out["steps"], out["version"]) == ("ray-local", 2, steps, steps)
     _assert_replicas_in_step(out["trainer_ranks"], steps, steps)
     assert out["max_staleness"] <= out["staleness_bound"] == 2
     rows = read_metrics(tmp_path / "run")
@@ -91,5 +91,5 @@ def test_rlfleet_run_refuses_a_dp_it_cannot_split(cli: Callable[..., Any], write
     res = cli("run", str(dp3), "--steps", "1")
     assert res.code == 2 and "dp=3" in res.err and len(res.err.strip().splitlines()) == 1
     dp2 = write("dp2.json", json.dumps(DP2_ONE_ENGINE))
-    res = cli("run", str(dp2), "--steps", "1", "--local")
-    assert res.code == 2 and "--local" in res.err and len(res.err.strip().splitlines()) == 1
+    res = cli("run", str(dp2), "--steps", "1", "--in-process")
+    assert res.code == 2 and "--in-process" in res.err and len(res.err.strip().splitlines()) == 1

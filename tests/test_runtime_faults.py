@@ -246,9 +246,9 @@ PLAN = "traces/data/plans/toy-cpu.json"
 
 def test_rlfleet_run_resume_continues_a_stopped_run(cli: Callable[..., Any], tmp_path: Path) -> None:
     out = tmp_path / "run"
-    first = cli("run", PLAN, "--local", "--steps", "3", "--out", str(out), "--json")
+    first = cli("run", PLAN, "--in-process", "--steps", "3", "--out", str(out), "--json")
     assert first.code == 0, first.err
-    res = cli("run", PLAN, "--local", "--steps", "5", "--resume", str(out), "--json")
+    res = cli("run", PLAN, "--in-process", "--steps", "5", "--resume", str(out), "--json")
     assert res.code == 0, res.err
     summary = res.json()
     assert (summary["resumed_from"], summary["steps"], summary["version"]) == (3, 5, 5)
@@ -260,21 +260,21 @@ def test_rlfleet_run_resume_refuses_what_it_cannot_continue(cli: Callable[..., A
                                                            write: Callable[[str, str], Path]) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
-    res = cli("run", PLAN, "--local", "--steps", "4", "--resume", str(empty))
+    res = cli("run", PLAN, "--in-process", "--steps", "4", "--resume", str(empty))
     assert res.code == 2 and "no checkpoint" in res.err and len(res.err.strip().splitlines()) == 1
 
     out = tmp_path / "run"
-    assert cli("run", PLAN, "--local", "--steps", "2", "--out", str(out)).code == 0
+    assert cli("run", PLAN, "--in-process", "--steps", "2", "--out", str(out)).code == 0
     plan = json.loads(Path(PLAN).read_text())
     other = write("eta1.json", json.dumps({**plan, "staleness": 1}))
-    res = cli("run", str(other), "--local", "--steps", "4", "--resume", str(out))
+    res = cli("run", str(other), "--in-process", "--steps", "4", "--resume", str(out))
     assert res.code == 2 and "different run" in res.err and len(res.err.strip().splitlines()) == 1
-    res = cli("run", PLAN, "--local", "--steps", "4", "--resume", str(out), "--seed", "7")
+    res = cli("run", PLAN, "--in-process", "--steps", "4", "--resume", str(out), "--seed", "7")
     assert res.code == 2 and "seed" in res.err
-    res = cli("run", PLAN, "--local", "--steps", "4", "--resume", str(out), "--out", str(tmp_path / "else"))
+    res = cli("run", PLAN, "--in-process", "--steps", "4", "--resume", str(out), "--out", str(tmp_path / "else"))
     assert res.code == 2 and "--resume" in res.err
-    res = cli("run", PLAN, "--local", "--steps", "2", "--resume", str(out))
+    res = cli("run", PLAN, "--in-process", "--steps", "2", "--resume", str(out))
     assert res.code == 2 and "at step 2 already" in res.err
     (out / "checkpoint.json").write_text("{not json")
-    res = cli("run", PLAN, "--local", "--steps", "4", "--resume", str(out))
+    res = cli("run", PLAN, "--in-process", "--steps", "4", "--resume", str(out))
     assert res.code == 2 and "not a readable checkpoint" in res.err and len(res.err.strip().splitlines()) == 1

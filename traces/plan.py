@@ -6,6 +6,7 @@ A plan is a JSON file with a ``schema_version``; ``Plan.from_json(p.to_json()) =
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any, Literal
 
@@ -13,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator,
 
 from traces.hardware import canonical_gpu_name
 from traces.io import atomic_write_text, load_yaml, loads_json, validate
+from traces.moe import attention_replicas
 
 SCHEMA_VERSION = 1
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -145,6 +147,16 @@ class Plan(BaseModel):
         if self.mode == "colocated":
             return {self.trainer.gpu_type: self.trainer.gpus}
         return {t: roles["rollout"] + roles["train"] for t, roles in self.gpus_by_type.items()}
+
+    def running_cap(self, group: RolloutGroup, default: int) -> int:
+        """Running sequences per engine of `group`: its max_num_seqs (else `default`, vLLM's 256) per
+        attention replica (an EP engine has one per GPU: traces.moe.attention_replicas), and no more
+        than its share of max_concurrent_rollouts spread evenly over every engine (simulator and runtime)."""
+        cap = (group.max_num_seqs or default) * int(attention_replicas(group.ep))
+        if self.max_concurrent_rollouts is not None:
+            engines = sum(g.instances for g in self.rollout)
+            cap = min(cap, math.ceil(self.max_concurrent_rollouts / engines))
+        return cap
 
     @property
     def total_gpus(self) -> int:

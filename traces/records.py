@@ -6,7 +6,13 @@ A run folder holds:
   and the trained batch's `prompt_lengths` / `response_lengths` histograms);
 - `timeline.csv`: intervals in the simulator's columns (TIMELINE_COLUMNS), seconds from the start;
 - `plan.json`, `workload.yaml`, `cluster.yaml`: what ran, as the simulator reads them: the plan
-  executed, the job with the length mix actually observed, and the machines.
+  executed, the job with the length mix actually observed, and the machines;
+- `placement.json` (Ray runs): the mode, engine kind, whether bundles were pinned to the plan's
+  nodes, each plan group's actors, and every actor's Ray node with its GPU-type label and node index;
+- `run.json` (`rlfleet run`): the run's summary as `--json` prints it (mode, batch, reward, staleness,
+  samples trained and re-generated, placement, the plan settings not applied, the prediction);
+- `phases.json` (Ray runs): per plan group and phase, the busy seconds, intervals and mean interval
+  (`group_phases` of the timeline, the function fidelity applies to a simulation as well).
 So a prediction of the same run is one `sim.simulate` call away (sim.fidelity does it).
 """
 
@@ -37,6 +43,9 @@ TIMELINE_FILE = "timeline.csv"
 PLAN_FILE = "plan.json"
 WORKLOAD_FILE = "workload.yaml"
 CLUSTER_FILE = "cluster.yaml"
+PLACEMENT_FILE = "placement.json"
+PHASES_FILE = "phases.json"
+RUN_FILE = "run.json"
 MAX_RECORD_BYTES = 512 * 1024**2  # a long run's metrics and timeline; the cap only stops a wrong file
 
 
@@ -108,6 +117,28 @@ def write_run_spec(folder: str | os.PathLike[str], plan: Plan, workload: Workloa
     atomic_write_text(out / CLUSTER_FILE, yaml.safe_dump(cluster.model_dump(mode="json"), sort_keys=False))
 
 
+def rollout_key(index: int) -> str:
+    """The name a plan's rollout group `index` goes by in records and reports."""
+    return f"rollout{index}"
+
+
+TRAINER_KEY = "trainer"
+
+
+def group_phases(timeline: pd.DataFrame, group_of: Mapping[str, str]) -> dict[str, dict[str, dict[str, float]]]:
+    """{group: {phase: {"seconds", "intervals", "mean_s"}}} of a timeline whose resources `group_of`
+    maps to plan groups (resources it does not name are left out)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    if timeline.empty:
+        return out
+    rows = timeline.assign(_group=timeline["resource"].map(group_of), _s=timeline["end"] - timeline["start"])
+    for (group, phase), part in rows.dropna(subset=["_group"]).groupby(["_group", "activity"], sort=True):
+        out.setdefault(str(group), {})[str(phase)] = {"seconds": round(float(part["_s"].sum()), 6),
+                                                      "intervals": len(part),
+                                                      "mean_s": round(float(part["_s"].mean()), 6)}
+    return out
+
+
 @dataclass(frozen=True)
 class RunRecord:
     folder: Path
@@ -116,6 +147,13 @@ class RunRecord:
     plan: Plan
     workload: Workload
     cluster: Cluster
+    placement: dict[str, Any] | None = None  # placement.json (Ray runs), or None
+
+    def group_of(self) -> dict[str, str]:
+        """Timeline resource -> plan group (rollout_key / TRAINER_KEY), from the placement record."""
+        if self.placement is None:
+            return {}
+        return {str(a["name"]): str(a["group"]) for a in self.placement["actors"]}
 
     @property
     def steps(self) -> int:
@@ -154,5 +192,10 @@ def read_run(folder: str | os.PathLike[str]) -> RunRecord:
         timeline = pd.read_csv(io.StringIO(read_user_text(root / TIMELINE_FILE, MAX_RECORD_BYTES)))
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise SpecError(f"{root / TIMELINE_FILE}: not a timeline CSV ({str(exc).splitlines()[0]})") from None
+    placement = None
+    if (root / PLACEMENT_FILE).is_file():
+        placement = loads_json(read_user_text(root / PLACEMENT_FILE, MAX_RECORD_BYTES), str(root / PLACEMENT_FILE))
+        if not isinstance(placement, dict) or not isinstance(placement.get("actors"), list):
+            raise SpecError(f"{root / PLACEMENT_FILE}: not a placement record (an object with an actors list)")
     return RunRecord(root, tuple(metrics), timeline, load_plan(root / PLAN_FILE),
-                     load_workload(root / WORKLOAD_FILE), load_cluster(root / CLUSTER_FILE))
+                     load_workload(root / WORKLOAD_FILE), load_cluster(root / CLUSTER_FILE), placement)

@@ -213,6 +213,11 @@ class Workload(BaseModel):
     def samples_per_step(self) -> int:
         return self.prompts_per_step * self.group_size
 
+    def interrupts(self, mode: str) -> bool:
+        """Whether a weight load interrupts running samples: only in async mode (sync and colocated
+        runs load weights between steps, with nothing in flight), and only if the job allows it."""
+        return self.interruptible and mode == "async"
+
     @property
     def generated_per_trained(self) -> float:
         """Samples generated per sample trained (dynamic sampling drops the rest): 1 without it."""

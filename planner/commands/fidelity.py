@@ -1,4 +1,5 @@
-"""`rlfleet fidelity RUN_DIR`: predicted vs measured throughput of a recorded run (sim.fidelity)."""
+"""`rlfleet fidelity RUN_DIR`: predicted vs measured throughput of a recorded run, and per plan group and
+phase where the run recorded its placement (sim.fidelity)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ def run(args: argparse.Namespace) -> int:
     record = read_run(args.run_dir)
     fid = predict_run(record, cost_model(args), seed=args.seed)
     plan = record.plan
+    groups = ", ".join(f"{g.instances}x {g.gpu_type} tp{g.tp}" for g in plan.rollout)
     head = (f"{args.run_dir}: {record.workload.model.name}, {plan.mode} (staleness {plan.staleness}), "
-            f"{sum(g.instances for g in plan.rollout)} engines, trainer dp{plan.trainer.dp}")
+            f"rollout {groups}, trainer {plan.trainer.gpu_type} dp{plan.trainer.dp}")
     emit(fid.summary(), args.json, [head, *lines(fid)])
     return 0
 
@@ -36,4 +38,17 @@ def lines(fid: Fidelity) -> list[str]:
         f"  predicted {fid.predicted_samples_per_s:,.1f} samples/s (simulated, {fid.steps} steps)",
         f"  measured  {fid.measured_samples_per_s:,.1f} samples/s (steady state)",
         f"  error     {fid.error:+.1%}  [costs from: {sources}]",
+        *group_lines(fid),
     ]
+
+
+def group_lines(fid: Fidelity) -> list[str]:
+    """Per plan group and phase: predicted vs measured busy seconds per step (a run with a placement record)."""
+    if not fid.groups:
+        return []
+    out = ["  per group and phase, busy s/step    predicted   measured"]
+    for group, phases in fid.groups.items():
+        for phase, (predicted, measured) in phases.items():
+            ratio = f"{predicted / measured:6.2f}x" if measured > 0 else "      -"
+            out.append(f"    {group:<9} {phase:<12} {predicted:>20.4f} {measured:>10.4f} {ratio}")
+    return out

@@ -1,8 +1,21 @@
-"""`rlfleet run`: execute a plan's RL loop (the toy task on CPU today) and record it.
+"""`rlfleet run`: execute a plan as planned (the toy task on CPU today) and record it.
 
-By default engines and trainer are Ray actors placed by GPU type (runtime.ray_run: a local Ray on
-loopback, or `--address` to join one) with weights broadcast over torch.distributed (gloo);
-`--local` interleaves them in one process instead (runtime.loop), which is quicker to start.
+The plan is the run (runtime.run_plan): one Ray placement group per plan group, each rollout group
+with its engine count (and TP, where the engine kind runs it), the trainer with its dp, bundles keyed
+by the group's GPU type (`accelerator_type:<TYPE>`) and pinned to the nodes the plan assigned where
+the Ray cluster names them. `--workload FILE` gives the batch shape (prompts per step x group size),
+response cap, mode, staleness and interruptible flag (without one: the toy batch, 16 x 16, at the
+plan's mode and staleness); `--cluster FILE` the machines. A plan field the runtime cannot honour
+(trainer pp > 1 or tp > 1, engine tp > 1 on torch engines, ...) is refused in one line (exit 2)
+before anything starts.
+
+Where: `--local` (the default without `--address`) starts a local Ray cluster of fake nodes that
+mirror the cluster file's nodes (runtime.local_cluster: CPU bundles standing in for GPUs, labelled
+with their GPU types), so the same plan and placement code run on a CPU-only machine; a cluster or
+plan too large for it is refused with what it would need. `--address RAY` joins a real cluster.
+`--in-process` interleaves engines and trainer in one process instead (runtime.loop), no Ray, no
+placement, which is quicker to start. The run folder records who ran where (placement.json) and
+per-group phase times (phases.json); `rlfleet fidelity` compares them with a simulation.
 
 With `--out DIR` a checkpoint is committed every `--checkpoint-every` steps (default 1: a crash
 redoes at most the step in progress); `--resume DIR` continues that run (a dead trainer's, or one
@@ -11,14 +24,15 @@ another plan, task or seed, is refused in one line (exit 2). A dead rollout engi
 without stopping the run; a dead trainer stops it with one line (exit 1) naming the checkpoint.
 
 A plan whose trainer has dp > 1 trains on that many data-parallel ranks (Ray actors, runtime.parallel);
-dp must divide the step's 16 prompts (GRPO groups). tp > 1 splits each rank's model over tp ranks
+dp must divide the step's prompts (GRPO groups). tp > 1 splits each rank's model over tp ranks
 (runtime.tensor_parallel; tp must divide the heads, KV heads and MLP columns). pp > 1 is refused, and
---local, one process, refuses more than one trainer rank.
+--in-process, one process, refuses more than one trainer rank.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -27,38 +41,58 @@ from typing import Any
 from planner.commands.args import add_profile_arg, cost_model, emit, non_negative_seed, positive_int
 from planner.commands.fidelity import lines as fidelity_lines
 from sim.fidelity import Fidelity, predict_run
-from traces import CostModel, ModelSpec, Plan, SpecError, example_cluster, get_model, load_cluster, load_plan
-from traces.io import ensure_folder
+from traces import (
+    CostModel,
+    ModelSpec,
+    Plan,
+    SpecError,
+    Workload,
+    example_cluster,
+    get_model,
+    load_cluster,
+    load_plan,
+    load_workload,
+)
+from traces.io import atomic_write_text, ensure_folder
 from traces.progress import bar
-from traces.records import observed_workload, read_metrics, read_run, write_run_spec
+from traces.records import RUN_FILE, observed_workload, read_metrics, read_run, write_run_spec
 
 TASKS = ("addition",)
-PROMPTS_PER_STEP, GROUP_SIZE = 16, 16  # the toy run's batch: 256 samples a step (runtime.toy.run_toy)
 EXIT_RUN_FAILED = 1  # the run itself failed (a dead trainer); bad input exits 2
+MAX_IN_PROCESS_ENGINES = 16  # engines interleaved in one process: more only slow every step
+MAX_BATCH = 256  # running sequences per engine where the plan sets no cap (vLLM's max_num_seqs default)
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("run", help="run a plan's RL loop on this machine (toy task on CPU) and record it")
-    p.add_argument("plan", help="plan JSON file: its engine count and staleness bound are used")
+    p = sub.add_parser("run", help="execute a plan's RL loop as planned (toy task on CPU) and record it")
+    p.add_argument("plan", help="plan JSON file: its groups are placed and run as planned")
+    p.add_argument("--cluster", help="cluster YAML the plan is for; --local mirrors its nodes "
+                   "(default: this machine, cpu-host)")
+    p.add_argument("--workload", help="workload YAML: batch shape, response cap, mode, staleness, interruptible "
+                   "(default: the toy batch, 16 prompts x 16 samples, at the plan's mode and staleness)")
     p.add_argument("--task", choices=TASKS, default="addition", help="verifiable task (default addition)")
     p.add_argument("--steps", type=positive_int, default=150, help="trainer steps (default 150)")
     p.add_argument("--seed", type=non_negative_seed, default=0, help="seed (default 0)")
-    p.add_argument("--out", metavar="DIR", help="write metrics.jsonl, timeline.csv, checkpoints and model here")
+    p.add_argument("--out", metavar="DIR", help="write metrics, timeline, placement, checkpoints and model here")
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint "
                    "(same plan, task and seed; --steps is the total, and may extend the run)")
     p.add_argument("--checkpoint-every", type=positive_int, default=1, metavar="N",
                    help="commit a checkpoint every N steps when writing a run folder (default 1)")
-    p.add_argument("--address", help="join this Ray cluster (default: start a local one on loopback)")
-    p.add_argument("--local", action="store_true", help="run engines and trainer in this process, no Ray")
-    p.add_argument("--cluster", help="cluster YAML the prediction assumes (default: this machine, cpu-host)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--address", help="join this Ray cluster")
+    where.add_argument("--local", action="store_true", help="start a local Ray cluster of fake nodes mirroring "
+                       "--cluster (the default without --address)")
+    where.add_argument("--in-process", action="store_true", help="run engines and trainer in this process, "
+                       "no Ray and no placement (quick)")
     add_profile_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 
 
-def toy_model(plan: Plan) -> ModelSpec:
+def toy_model(plan: Plan, workload: Workload | None) -> ModelSpec:
     """The plan's model, if the toy runtime can build it: a tiny-llama shape over the character vocabulary."""
-    spec, tiny = get_model(plan.model or "tiny-llama"), get_model("tiny-llama")
+    spec = workload.model if workload is not None else get_model(plan.model or "tiny-llama")
+    tiny = get_model("tiny-llama")
     if (spec.vocab, spec.heads, spec.kv_heads, spec.intermediate) != (tiny.vocab, tiny.heads, tiny.kv_heads,
                                                                       4 * spec.hidden):
         raise SpecError(f"plan model {spec.name!r}: rlfleet run trains the toy task with a tiny-llama shape "
@@ -71,76 +105,103 @@ def run(args: argparse.Namespace) -> int:
         import torch
         import transformers
 
+        from runtime.engine_factory import TorchEngines
+        from runtime.local_cluster import check_fits, local_cluster
         from runtime.parallel import check_trainer_shape
         from runtime.ray_loop import TrainerLost
+        from runtime.run_plan import run_shape
         from runtime.toy import run_toy, run_toy_ray
         from runtime.trainer import TrainConfig
     except ImportError as exc:
         raise SpecError(f"rlfleet run needs the runtime extra ({exc.name} is missing): pip install -e '.[runtime]'"
                         ) from None
     plan = load_plan(args.plan)
-    if plan.mode == "colocated":
-        raise SpecError("rlfleet run executes async and sync plans; this plan is colocated")
+    cluster = load_cluster(args.cluster) if args.cluster else example_cluster("cpu-host")
+    workload = load_workload(args.workload) if args.workload else None
+    # every refusal comes before Ray, the engines or the run folder start
+    shape = run_shape(plan, workload, cluster, TorchEngines.refusal)
+    spec = toy_model(plan, workload)
+    dp, tp = plan.trainer.dp, plan.trainer.tp
+    check_trainer_shape(dp, tp, plan.trainer.pp, shape.prompts_per_step, spec.heads, spec.kv_heads, spec.intermediate)
     engines = sum(g.instances for g in plan.rollout)
-    if engines > 16:
-        raise SpecError(f"the plan has {engines} engines; on one CPU machine run at most 16 (use a smaller plan)")
+    if args.in_process and dp * tp > 1:
+        raise SpecError(f"--in-process trains in one process; this plan's trainer has dp={dp} x tp={tp} ranks "
+                        "(drop --in-process)")
+    if args.in_process and engines > MAX_IN_PROCESS_ENGINES:
+        raise SpecError(f"the plan has {engines} engines; --in-process interleaves at most "
+                        f"{MAX_IN_PROCESS_ENGINES} (run it on Ray: drop --in-process)")
+    caps = sorted({plan.running_cap(g, MAX_BATCH) for g in plan.rollout})
+    if args.in_process and len(caps) > 1:
+        raise SpecError(f"--in-process runs every engine at one running cap; this plan's groups ask "
+                        f"{', '.join(map(str, caps))} (run it on Ray: drop --in-process)")
+    local = not args.in_process and args.address is None
+    if local:
+        check_fits(cluster, plan)
     torch.set_num_threads(1)  # tiny matrices: a second OpenMP thread only contends (measured 10-100x slower)
     transformers.utils.logging.disable_progress_bar()
-    if args.local and args.address:
-        raise SpecError("--local runs without Ray; drop --address or --local")
-    spec = toy_model(plan)
-    dp, tp = plan.trainer.dp, plan.trainer.tp
-    check_trainer_shape(dp, tp, plan.trainer.pp, PROMPTS_PER_STEP, spec.heads, spec.kv_heads, spec.intermediate)
-    if dp * tp > 1 and args.local:
-        raise SpecError(f"--local trains in one process; this plan's trainer has dp={dp} x tp={tp} ranks "
-                        "(drop --local)")
-    cluster = load_cluster(args.cluster) if args.cluster else example_cluster("cpu-host")
     cm = cost_model(args)
     folder = _run_folder(args)
     if folder:  # a file in the way is one line now, not after Ray and the engines have started
         ensure_folder(folder)
+    executor = "in-process" if args.in_process else ("ray-local" if local else "ray")
+    train = (TrainConfig(entropy_coef=0.01, decay_steps=args.steps, minibatches=shape.minibatches)
+             if shape.minibatches is not None else None)
     with tempfile.TemporaryDirectory(prefix="rlfleet-run-") as scratch, \
             bar(args.steps, "training", unit="step") as progress:
         out = Path(folder or scratch)  # records are kept for the prediction either way
         common = {"engines": engines, "staleness": plan.staleness, "seed": args.seed, "out_dir": out,
-                  "hidden": spec.hidden, "layers": spec.layers, "prompts_per_step": PROMPTS_PER_STEP,
-                  "group_size": GROUP_SIZE, "progress": lambda row: _show(progress, row),
+                  "hidden": spec.hidden, "layers": spec.layers, "prompts_per_step": shape.prompts_per_step,
+                  "group_size": shape.group_size, "progress": lambda row: _show(progress, row),
+                  "interruptible": shape.interruptible, "response_cap": shape.response_cap, "train": train,
+                  "max_batch": caps[0] if args.in_process else MAX_BATCH,  # on Ray: each group's own cap
                   # checkpoints only where the user keeps the folder
                   "checkpoint_every": args.checkpoint_every if folder else 0,
                   "resume": args.resume is not None, "identity": {"plan": plan_shape(plan)}}
         try:
-            if args.local:
+            if args.in_process:
                 result = run_toy(args.steps, **common)
+            elif local:
+                with local_cluster(cluster, plan):
+                    result = run_toy_ray(args.steps, plan=plan, cluster=cluster, executor=executor, **common)
             else:
                 import ray
 
                 try:
-                    result = run_toy_ray(args.steps, address=args.address, dp=dp, tp=tp, **common)
+                    result = run_toy_ray(args.steps, address=args.address, plan=plan, cluster=cluster,
+                                         executor=executor, **common)
                 finally:
                     ray.shutdown()
         except TrainerLost as exc:
             sys.stderr.write(f"rlfleet: error: {exc}\n")
             return EXIT_RUN_FAILED
-        workload = observed_workload(f"{args.task}-observed", spec, plan, read_metrics(out),
-                                     prompts_per_step=PROMPTS_PER_STEP, group_size=GROUP_SIZE,
-                                     ppo_minibatches=TrainConfig().minibatches)
-        write_run_spec(out, plan, workload, cluster)
+        observed = observed_workload(f"{args.task}-observed", spec, plan, read_metrics(out),
+                                     prompts_per_step=shape.prompts_per_step, group_size=shape.group_size,
+                                     ppo_minibatches=(train or TrainConfig()).minibatches)
+        write_run_spec(out, plan, observed.model_copy(update={"interruptible": shape.interruptible}), cluster)
         fid, why = _predict(out, cm, args)
     summary = {"steps": result.steps, "engines": engines, "trainer_dp": dp, "trainer_tp": tp,
-               "staleness_bound": plan.staleness,
+               "staleness_bound": plan.staleness, "mode": plan.mode,
+               "batch": [shape.prompts_per_step, shape.group_size],
                "eval_before": result.eval_before, "eval_after": result.eval_after, "chance": result.chance,
                "max_staleness": result.max_staleness, "samples_per_s": result.samples_per_s,
-               "seconds": result.seconds, "out": folder, "executor": "local" if args.local else "ray",
+               "seconds": result.seconds, "out": folder, "executor": executor,
                "version": result.version, "resumed_from": result.first_step if args.resume else None,
                "engine_restarts": result.engine_restarts, "samples_regenerated": len(result.requeued_sids),
-               "duplicates_dropped": result.duplicates, "trainer_ranks": list(result.trainer_ranks),
+               "duplicates_dropped": result.duplicates, "samples_trained": result.samples,
+               "trainer_ranks": list(result.trainer_ranks), "placement": result.placement,
+               "not_applied": list(shape.not_applied),
                "prediction": fid.summary() if fid else {"skipped": why}}
+    if folder:
+        atomic_write_text(Path(folder) / RUN_FILE, json.dumps(summary, indent=1) + "\n")
+    where = {"in-process": "in one process", "ray-local": "on a local Ray cluster of fake nodes",
+             "ray": "on Ray"}[executor]
     emit(summary, args.json, [
-        f"{args.task}: {result.steps} steps, {engines} engines, "
+        f"{args.task}: {result.steps} steps, {plan.mode}, {engines} engines in {len(plan.rollout)} group(s), "
         + (f"{dp * tp} trainer ranks (dp {dp} x tp {tp}), " if dp * tp > 1 else "")
-        + f"staleness bound {plan.staleness}, "
-        + ("in one process" if args.local else "on Ray")
+        + f"staleness bound {plan.staleness}, {where}"
         + (f", resumed from step {result.first_step}" if args.resume else ""),
+        *_placement_lines(result.placement),
+        *(f"  not applied: {note}" for note in shape.not_applied),
         *([f"  faults    {result.engine_restarts} engine restarts, {len(result.requeued_sids)} samples "
            "re-generated, 0 lost"] if result.engine_restarts else []),
         f"  reward    {result.eval_before:.3f} -> {result.eval_after:.3f} (chance {result.chance:.3f}, "
@@ -153,6 +214,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _placement_lines(placement: dict[str, Any] | None) -> list[str]:
+    """One line per plan group: its actors and the nodes (index and GPU-type label) they landed on."""
+    if placement is None:
+        return []
+    lines = []
+    for group in placement["groups"]:
+        actors = [a for a in placement["actors"] if a["group"] == group["group"]]
+        nodes = sorted({(a["node_index"], a["node_gpu_type"]) for a in actors}, key=str)
+        lines.append(f"  {group['group']:<9} {len(actors)} x {group['gpu_type']} on node(s) "
+                     + ", ".join(f"{i} ({t})" for i, t in nodes))
+    return lines
+
+
 def _show(progress: Any, row: dict[str, Any]) -> None:
     """One trained step on the bar: its throughput, reward and staleness."""
     progress.set_postfix({"samples/s": f"{row['samples_per_s']:.0f}", "reward": f"{row['mean_reward']:.3f}",
@@ -162,8 +236,9 @@ def _show(progress: Any, row: dict[str, Any]) -> None:
 
 def _predict(out: Path, cm: CostModel, args: argparse.Namespace) -> tuple[Fidelity | None, str]:
     """Simulate the recorded run: (fidelity, or why there is no prediction)."""
-    if args.local:
-        return None, "--local runs engines and trainer in turns in one process; the simulator runs them in parallel"
+    if args.in_process:
+        return None, ("--in-process runs engines and trainer in turns in one process; the simulator runs them "
+                      "in parallel")
     if args.resume:
         return None, "a resumed run (its clock restarts, so its timeline spans the outage)"
     try:

@@ -28,8 +28,9 @@ def data(target: str, plan: Plan, cluster: Cluster, workload: Workload, *, hosts
         return verl.header(plan, cluster, names), verl.spec(plan, cluster, workload, recipe)
     if target == "ray":
         head = ["Ray placement groups per plan group, as `rlfleet run` reserves them "
-                "(ray.util.placement_group(bundles, strategy=strategy))"]
-        return head, {"placement_groups": ray.placement_groups(plan)}
+                "(ray.util.placement_group(bundles, strategy=strategy)); bundles ask rlfleet_node:<i>, the plan's "
+                "node, where the cluster's Ray nodes declare it (ray start --resources)"]
+        return head, {"placement_groups": ray.placement_groups(plan, cluster=cluster)}
     if target == "slurm":
         return [], slurm.script(plan, cluster, names, "rlfleet-" + re.sub(r"[^A-Za-z0-9._-]", "-", workload.name))
     raise SpecError(f"--to {target}: unknown export; use one of {', '.join(TARGETS)}")
