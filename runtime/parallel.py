@@ -53,6 +53,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from transformers import PreTrainedModel
 
+from runtime.run_plan import pp_refusal
 from runtime.sync import SyncGroup
 from runtime.tensor_parallel import (
     average_gradients,
@@ -144,10 +145,9 @@ def check_dp(dp: int, prompts_per_step: int) -> None:
 
 
 def check_pp(pp: int) -> None:
-    """SpecError unless pp is 1: pipeline stages are not built in the runtime."""
-    if pp != 1:
-        raise SpecError(f"trainer pp={pp}: pipeline parallelism is not built in the runtime; use pp 1 "
-                        "(dp x tp ranks)")
+    """SpecError unless pp is 1 (pp_refusal)."""
+    if (why := pp_refusal(pp)) is not None:
+        raise SpecError(why)
 
 
 def check_trainer_shape(dp: int, tp: int, pp: int, prompts_per_step: int, heads: int, kv_heads: int,

@@ -28,6 +28,13 @@ from traces.plan_check import plan_problems
 TOY_BATCH = (16, 16)  # prompts per step x group size without a workload: the toy run's measured default
 
 
+def pp_refusal(pp: int) -> str | None:
+    """Why a trainer of `pp` stages cannot run (None: it can): pipeline stages are not built in the runtime."""
+    if pp != 1:
+        return f"trainer pp={pp}: pipeline parallelism is not built in the runtime; use pp 1 (dp x tp ranks)"
+    return None
+
+
 @dataclass(frozen=True)
 class RunShape:
     prompts_per_step: int
@@ -46,8 +53,8 @@ def run_shape(plan: Plan, workload: Workload | None, cluster: Cluster,
     SpecError naming everything it cannot honour."""
     problems = plan_problems(cluster, workload, plan)
     t = plan.trainer
-    if t.pp > 1:
-        problems.append(f"trainer pp {t.pp}: pipeline-parallel training is not built in the runtime; plan with pp 1")
+    if (why := pp_refusal(t.pp)) is not None:
+        problems.append(why)
     if plan.staleness != int(plan.staleness):
         problems.append(f"staleness {plan.staleness:g}: a fractional bound is simulated, not run; "
                         "plan with a whole number of versions")

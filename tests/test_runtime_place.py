@@ -59,7 +59,7 @@ def test_unrunnable_plans_are_refused_in_one_line_before_ray_starts(cli: Callabl
     pp2 = write("pp2.json", json.dumps({**plan, "rollout": [{"gpu_type": "cpu-a", "instances": 1, "nodes": [0]}],
                                         "trainer": {"gpu_type": "cpu-a", "dp": 1, "pp": 2, "nodes": [1]}}))
     res = cli("run", str(pp2), "--cluster", str(CLUSTER), "--workload", str(WORKLOAD), "--local", "--steps", "1")
-    assert res.code == 2 and "trainer pp 2" in res.err and len(res.err.strip().splitlines()) == 1, res.err
+    assert res.code == 2 and "trainer pp=2" in res.err and len(res.err.strip().splitlines()) == 1, res.err
     assert not ray.is_initialized()  # refused before Ray (or any fake node) started
     tp2 = write("tp2.json", json.dumps({**plan, "rollout": [{"gpu_type": "cpu-a", "tp": 2, "instances": 1}]}))
     res = cli("run", str(tp2), "--cluster", str(CLUSTER), "--workload", str(WORKLOAD), "--steps", "1")

@@ -171,7 +171,7 @@ def test_rlfleet_run_trains_on_two_tensor_parallel_ranks(cli: Callable[..., Any]
     run = res.json()
     print(f"\ntp=2: {steps} steps in {run['seconds']:.1f} s, ranks "
           f"{[(r['rank'], r['pid'], r['steps_trained']) for r in run['trainer_ranks']]}")
-    assert (run["executor"], run["trainer_dp"], run["trainer_tp"], run["version"]) == ("ray", 1, 2, steps)
+    assert (run["executor"], run["trainer_dp"], run["trainer_tp"], run["version"]) == ("ray-local", 1, 2, steps)
     ranks = run["trainer_ranks"]
     assert [r["rank"] for r in ranks] == [0, 1] and len({r["pid"] for r in ranks}) == 2
     assert {r["steps_trained"] for r in ranks} == {steps} and {r["version"] for r in ranks} == {steps}
@@ -191,6 +191,8 @@ def test_rlfleet_run_trains_on_two_tensor_parallel_ranks(cli: Callable[..., Any]
 def test_rlfleet_run_refuses_a_trainer_shape_it_cannot_run_before_ray_starts(
         cli: Callable[..., Any], write: Callable[[str, str], Path], trainer: dict[str, int], message: str) -> None:
     plan = write("bad.json", json.dumps({**PLAN, "trainer": {"gpu_type": "CPU", **trainer}}))
-    res = cli("run", str(plan), "--steps", "1")
+    # room for the shape on the cluster, so the refusal is the trainer's own
+    cluster = write("eight.yaml", "name: eight\nnode_groups:\n- {gpu_type: CPU, nodes: 1, gpus_per_node: 8}\n")
+    res = cli("run", str(plan), "--cluster", str(cluster), "--steps", "1")
     assert res.code == 2 and message in res.err and len(res.err.strip().splitlines()) == 1
     assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
