@@ -15,6 +15,7 @@ from typing import Any
 from transformers import PreTrainedModel
 
 from runtime.engine import Completion, Request
+from runtime.engine_spec import EngineSpec, engine_model
 from runtime.engine_worker import EngineStatus, EngineWorker
 from runtime.model import CharTokenizer
 from runtime.placement import Group
@@ -30,9 +31,10 @@ Spawn = Callable[[int, int], Any]  # spawn(slot index, restart count): a new eng
 class EngineHandle:
     """The driver's view of one engine actor: routing reads the last status, submissions wait for its next step."""
 
-    def __init__(self, name: str, actor: Any, status: EngineStatus, index: int = 0) -> None:
+    def __init__(self, name: str, actor: Any, status: EngineStatus, index: int = 0, ranks: int = 1) -> None:
         self.name, self.actor, self.status = name, actor, status
         self.index = index  # its slot: a replacement goes on the same placement-group bundle
+        self.ranks = ranks  # its ranks in the sync group: one per vLLM worker (its tensor-parallel size)
         self._outbox: list[Request] = []
         self.inflight: dict[int, Request] = {}  # routed here, not completed: what its death would lose
 
@@ -63,51 +65,59 @@ class EngineHandle:
 
 
 def engine_spawner(groups: Sequence[Group], model: PreTrainedModel | str, tokenizer: CharTokenizer, seed: int,
-                   max_batch: int, interruptible: bool) -> Spawn:
-    """`spawn(index, restart)`: an engine actor on slot `index` (its group's bundle), seeded per restart."""
+                   max_batch: int, interruptible: bool, engine: str = "torch") -> Spawn:
+    """`spawn(index, restart)`: an engine actor on slot `index` (its group's bundle), seeded per restart.
+    `engine`: "vllm" or "torch" (runtime.engine_spec); a vLLM engine loads `model` as a folder."""
     import ray
 
     engine_cls = ray.remote(EngineWorker)
     slots = [(g, i) for g in groups if g.role == "rollout" for i in range(g.actors)]
+    spec = EngineSpec(engine, engine_model(engine, model, None), tokenizer.eos_id, tokenizer.pad_id, max_batch,
+                      interruptible)
 
     def spawn(index: int, restart: int = 0) -> Any:
         group, i = slots[index]
-        return engine_cls.options(**group.actor_options(i)).remote(
-            model, tokenizer.eos_id, tokenizer.pad_id, f"engine{index}", max_batch,
-            seed * 1000 + index + 1 + 100_003 * restart, interruptible)
+        return engine_cls.options(**group.actor_options(i), **spec.actor_options()).remote(
+            spec, f"engine{index}", seed * 1000 + index + 1 + 100_003 * restart, tp=group.per_actor)
 
     return spawn
 
 
 def join_sync_group(trainer: Any, engines: Sequence[Any], host: str, port: int, bucket_bytes: int,
-                    timeout_s: float) -> list[Any]:
+                    timeout_s: float, ranks: Sequence[int] | None = None) -> list[Any]:
     """The joins of trainer rank 0 and `engines` to the sync group whose store the trainer opened at
     (host, port), as futures: every rank must be inside the group's constructor at once, so all the
-    joins are issued before any is waited on."""
-    world = len(engines) + 1
+    joins are issued before any is waited on. `ranks`: each engine's ranks (default one each); engine
+    k's first rank follows the ranks of the engines before it."""
+    ranks = list(ranks) if ranks is not None else [1] * len(engines)
+    world = 1 + sum(ranks)
+    firsts = [1 + sum(ranks[:k]) for k in range(len(engines))]
     return [trainer.join_sync.remote(bucket_bytes, timeout_s),
-            *(a.join_sync.remote(host, port, r + 1, world, bucket_bytes, timeout_s) for r, a in enumerate(engines))]
+            *(a.join_sync.remote(host, port, first, world, bucket_bytes, timeout_s)
+              for first, a in zip(firsts, engines, strict=True))]
 
 
 def start_fleet(groups: Sequence[Group], model: PreTrainedModel | str, tokenizer: CharTokenizer,
                 train: TrainConfig, seed: int, max_batch: int, interruptible: bool,
                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = SYNC_TIMEOUT_S,
-                spawn: Spawn | None = None) -> tuple[list[EngineHandle], list[Any]]:
+                spawn: Spawn | None = None, engine: str = "torch") -> tuple[list[EngineHandle], list[Any]]:
     """Engines and every trainer rank on their placement groups; the engines and trainer rank 0 (alone:
     the other ranks hold the same weights) joined in one sync group. (engine handles, trainer ranks).
     `spawn`: the engine_spawner of these arguments, where the caller keeps one to replace engines."""
     import ray
 
-    spawn = spawn or engine_spawner(groups, model, tokenizer, seed, max_batch, interruptible)
+    spawn = spawn or engine_spawner(groups, model, tokenizer, seed, max_batch, interruptible, engine)
     engines = sum(g.actors for g in groups if g.role == "rollout")
     actors = [spawn(k) for k in range(engines)]
     ranks = start_trainers(next(g for g in groups if g.role == "train"), model, tokenizer.pad_id, train, seed,
                            timeout_s)
     trainer = ranks[0]
-    host, port = ray.get(trainer.open_sync.remote(len(actors) + 1, timeout_s))
-    ray.get(join_sync_group(trainer, actors, host, port, bucket_bytes, timeout_s))
+    ranks = ray.get([a.sync_ranks.remote() for a in actors])
+    host, port = ray.get(trainer.open_sync.remote(1 + sum(ranks), timeout_s))
+    ray.get(join_sync_group(trainer, actors, host, port, bucket_bytes, timeout_s, ranks))
     statuses = ray.get([a.status.remote() for a in actors])
-    handles = [EngineHandle(f"engine{k}", a, st, k) for k, (a, st) in enumerate(zip(actors, statuses, strict=True))]
+    handles = [EngineHandle(f"engine{k}", a, st, k, r)
+               for k, (a, st, r) in enumerate(zip(actors, statuses, ranks, strict=True))]
     return handles, ranks
 
 
@@ -164,7 +174,7 @@ class EngineFleet:
             if self.restarts > MAX_ENGINE_RESTARTS:
                 raise RuntimeError(f"rollout engines died {self.restarts} times in this run; giving up")
             actor = self.spawn(engine.index, self.restarts)
-            handle = EngineHandle(engine.name, actor, EngineStatus(None, 0, 0, True), engine.index)
+            handle = EngineHandle(engine.name, actor, EngineStatus(None, 0, 0, True), engine.index, engine.ranks)
             self._starting.append(Replacement(handle, actor.status.remote(), self.clock()))
         return list(engine.inflight.values())
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.controller import Controller, LoopConfig
+from runtime.engine_spec import engine_model
 from runtime.fleet import engine_spawner, start_fleet
 from runtime.placement import place
 from runtime.ray_loop import RayLoop
@@ -27,8 +28,9 @@ from traces import Plan
 def run_on_ray(plan: Plan, setup: RunSetup, config: LoopConfig, seed: int = 0, max_batch: int = 256,
                interruptible: bool = True, address: str | None = None,
                progress: Callable[[dict[str, Any]], None] | None = None, faults: Faults | None = None,
-               sync_timeout_s: float = SYNC_TIMEOUT_S) -> Finished:
+               sync_timeout_s: float = SYNC_TIMEOUT_S, engine: str = "torch") -> Finished:
     """Train `setup` with the plan's engines and trainer ranks as Ray actors and real weight sync.
+    `engine`: every rollout group's engines are vLLM or torch engines (runtime.engine_spec).
 
     Dead engines are replaced; a dead trainer raises `runtime.ray_loop.TrainerLost`, and a setup with
     a checkpoint record continues that run (every trainer rank loads rank 0's file)."""
@@ -39,7 +41,9 @@ def run_on_ray(plan: Plan, setup: RunSetup, config: LoopConfig, seed: int = 0, m
     groups = place(plan, gpus=False)
     loop: RayLoop | None = None
     actors: list[Any] = []
-    spawn = engine_spawner(groups, model, tokenizer, seed, max_batch, interruptible)
+    # the initial weights the engines load (a vLLM engine: the run folder's copy); a resumed run's come by sync
+    weights = engine_model(engine, model, out / "initial_model" if out is not None else None)
+    spawn = engine_spawner(groups, weights, tokenizer, seed, max_batch, interruptible, engine)
     try:
         handles, ranks = start_fleet(groups, model, tokenizer, setup.train, seed, max_batch, interruptible,
                                      timeout_s=sync_timeout_s, spawn=spawn)
@@ -59,10 +63,11 @@ def run_on_ray(plan: Plan, setup: RunSetup, config: LoopConfig, seed: int = 0, m
         seconds = time.time() - t0
         model.load_state_dict(ray.get(trainer.weights.remote()))
         described = tuple(ray.get([rank.describe.remote() for rank in ranks]))
+        engines = tuple(ray.get([h.actor.describe.remote() for h in loop.engines]))
     finally:
         for actor in (loop.actors() if loop is not None else []) + actors:
             ray.kill(actor)
         for g in groups:
             ray.util.remove_placement_group(g.placement_group)
     return Finished(control, model, seconds, described[0]["version"], described[0]["optimizer_steps"],
-                    loop.fleet.restarts, described)
+                    loop.fleet.restarts, described, engines)

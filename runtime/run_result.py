@@ -34,6 +34,8 @@ class RunResult:
     engine_restarts: int = 0
     # each trainer rank at the end (Ray runs): rank, pid, node, version, steps it trained, its weights' sha256
     trainer_ranks: tuple[dict[str, Any], ...] = ()
+    # each live engine at the end (Ray runs): name, engine class, tp, sync ranks, pid, node, version, completed
+    engines: tuple[dict[str, Any], ...] = ()
 
     @property
     def chance(self) -> float:
@@ -60,6 +62,7 @@ class Finished:
     optimizer_steps: int
     engine_restarts: int = 0
     trainer_ranks: tuple[dict[str, Any], ...] = ()  # every rank's `describe()` (Ray runs)
+    engines: tuple[dict[str, Any], ...] = ()  # every live engine actor's `describe()` (Ray runs)
 
 
 def summarize(setup: RunSetup, finished: Finished) -> RunResult:
@@ -77,5 +80,5 @@ def summarize(setup: RunSetup, finished: Finished) -> RunResult:
         seconds=finished.seconds, out_dir=setup.out, first_step=control.first_step, version=finished.version,
         optimizer_steps=finished.optimizer_steps, trained_sids=tuple(control.trained_sids),
         requeued_sids=tuple(control.requeued_sids), duplicates=control.duplicates,
-        engine_restarts=finished.engine_restarts, trainer_ranks=finished.trainer_ranks,
+        engine_restarts=finished.engine_restarts, trainer_ranks=finished.trainer_ranks, engines=finished.engines,
     )

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from runtime.engine import Completion, EngineBase, Row
+from runtime.settings import SYNC_TIMEOUT_S
 from runtime.sync import DEFAULT_BUCKET_BYTES
 
 WORKER_EXTENSION = "runtime.vllm_worker.WeightSyncExtension"
@@ -117,21 +118,25 @@ class VllmEngine(EngineBase):
         """Ranks this engine takes in the sync group: one per vLLM worker."""
         return int(self._engine.vllm_config.parallel_config.world_size)
 
-    def join_sync(self, host: str, port: int, rank: int, world_size: int, dtype: str = "float32",
-                  bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+    def join_sync(self, host: str, port: int, rank: int, world_size: int, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                  timeout_s: float = SYNC_TIMEOUT_S, dtype: str = "float32") -> None:
         """Every vLLM worker joins the trainer's sync group: worker i as `rank + i` (`sync_ranks` of them).
 
         `dtype` is the trainer's (the layout both sides derive must match); blocks until all ranks join.
         """
-        self.llm.collective_rpc("rlfleet_join_sync", args=(host, port, rank, world_size, dtype, bucket_bytes))
+        self.llm.collective_rpc("rlfleet_join_sync",
+                                args=(host, port, rank, world_size, dtype, bucket_bytes, timeout_s))
 
     def receive_weights(self) -> int:
-        """Take part in one `WeightSender.send`; the weights apply at the next iteration boundary."""
+        """Take part in one `WeightSender.send`; the weights apply at the next iteration boundary.
+
+        A version the engine holds or has queued is not queued again (as TorchEngine's)."""
         versions = set(self.llm.collective_rpc("rlfleet_receive"))
         if len(versions) != 1:
             raise RuntimeError(f"workers received different versions: {sorted(versions)}")
         version = versions.pop()
-        self._queue((_RECEIVED, version))
+        if version != self.target_version:
+            self._queue((_RECEIVED, version))
         return version
 
     def close(self) -> None:

@@ -12,6 +12,12 @@ without stopping the run; a dead trainer stops it with one line (exit 1) naming 
 
 A plan whose trainer has dp > 1 trains on that many data-parallel ranks (Ray actors, runtime.parallel);
 dp must divide the step's 16 prompts (GRPO groups), and --local, one process, refuses it.
+
+`--engine vllm|torch`: every rollout group's engines are vLLM (`VllmEngine`, with the group's tp as
+`tensor_parallel_size`) or the torch engine, behind the same controller. The default is vLLM where
+it can run the plan's engines here (runtime.engine_spec.vllm_blocker: installed; on CPU a head size
+its kernels take, tp 1, and for --local a process started with its OpenMP preloaded), else torch;
+the summary names the engine used. An explicit `--engine vllm` that cannot run is refused in one line.
 """
 
 from __future__ import annotations
@@ -48,6 +54,8 @@ def register(sub: Any) -> None:
                    help="commit a checkpoint every N steps when writing a run folder (default 1)")
     p.add_argument("--address", help="join this Ray cluster (default: start a local one on loopback)")
     p.add_argument("--local", action="store_true", help="run engines and trainer in this process, no Ray")
+    p.add_argument("--engine", choices=("vllm", "torch"), help="rollout engines: vllm or torch (default: vllm "
+                   "where it can run the plan's engines here, else torch)")
     p.add_argument("--cluster", help="cluster YAML the prediction assumes (default: this machine, cpu-host)")
     add_profile_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -57,11 +65,24 @@ def register(sub: Any) -> None:
 def toy_model(plan: Plan) -> ModelSpec:
     """The plan's model, if the toy runtime can build it: a tiny-llama shape over the character vocabulary."""
     spec, tiny = get_model(plan.model or "tiny-llama"), get_model("tiny-llama")
-    if (spec.vocab, spec.heads, spec.kv_heads, spec.intermediate) != (tiny.vocab, tiny.heads, tiny.kv_heads,
-                                                                      4 * spec.hidden):
+    if (spec.vocab, spec.intermediate) != (tiny.vocab, 4 * spec.hidden) or spec.hidden % spec.heads \
+            or spec.heads % spec.kv_heads:
         raise SpecError(f"plan model {spec.name!r}: rlfleet run trains the toy task with a tiny-llama shape "
-                        "(17-token vocabulary, 4 heads, 2 KV heads, MLP 4x hidden); use tiny-llama or tiny-llama-256")
+                        "(17-token vocabulary, heads dividing hidden, MLP 4x hidden); use tiny-llama, "
+                        "tiny-llama-h32 or tiny-llama-256")
     return spec
+
+
+def choose_engine(plan: Plan, spec: ModelSpec, asked: str | None, local: bool) -> str:
+    """The rollout engine of this run: `asked` if it can run here (else SpecError), or the default."""
+    from runtime.engine_spec import check_engine, default_engine
+    from runtime.model import CharTokenizer, tiny_llama_config
+
+    config = tiny_llama_config(CharTokenizer(), spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.intermediate)
+    tps = tuple(g.tp for g in plan.rollout)
+    engine = asked or default_engine(config, tps, in_process=local)
+    check_engine(engine, config, tps, in_process=local)
+    return engine
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     if args.local and args.address:
         raise SpecError("--local runs without Ray; drop --address or --local")
     spec = toy_model(plan)
+    engine = choose_engine(plan, spec, args.engine, args.local)
     dp = plan.trainer.dp
     check_dp(dp, PROMPTS_PER_STEP)
     if dp > 1 and args.local:
@@ -100,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
             bar(args.steps, "training", unit="step") as progress:
         out = Path(folder or scratch)  # records are kept for the prediction either way
         common = {"engines": engines, "staleness": plan.staleness, "seed": args.seed, "out_dir": out,
-                  "hidden": spec.hidden, "layers": spec.layers, "prompts_per_step": PROMPTS_PER_STEP,
+                  "hidden": spec.hidden, "layers": spec.layers, "heads": spec.heads, "kv_heads": spec.kv_heads,
+                  "engine": engine, "prompts_per_step": PROMPTS_PER_STEP,
                   "group_size": GROUP_SIZE, "progress": lambda row: _show(progress, row),
                   # checkpoints only where the user keeps the folder
                   "checkpoint_every": args.checkpoint_every if folder else 0,
@@ -123,16 +146,18 @@ def run(args: argparse.Namespace) -> int:
                                      ppo_minibatches=TrainConfig().minibatches)
         write_run_spec(out, plan, workload, cluster)
         fid, why = _predict(out, cm, args)
-    summary = {"steps": result.steps, "engines": engines, "trainer_dp": dp, "staleness_bound": plan.staleness,
+    summary = {"steps": result.steps, "engines": engines, "engine": engine, "trainer_dp": dp,
+               "staleness_bound": plan.staleness,
                "eval_before": result.eval_before, "eval_after": result.eval_after, "chance": result.chance,
                "max_staleness": result.max_staleness, "samples_per_s": result.samples_per_s,
                "seconds": result.seconds, "out": folder, "executor": "local" if args.local else "ray",
                "version": result.version, "resumed_from": result.first_step if args.resume else None,
                "engine_restarts": result.engine_restarts, "samples_regenerated": len(result.requeued_sids),
                "duplicates_dropped": result.duplicates, "trainer_ranks": list(result.trainer_ranks),
+               "engine_actors": list(result.engines),
                "prediction": fid.summary() if fid else {"skipped": why}}
     emit(summary, args.json, [
-        f"{args.task}: {result.steps} steps, {engines} engines, "
+        f"{args.task}: {result.steps} steps, {engines} {engine} engines, "
         + (f"{dp} trainer ranks, " if dp > 1 else "") + f"staleness bound {plan.staleness}, "
         + ("in one process" if args.local else "on Ray")
         + (f", resumed from step {result.first_step}" if args.resume else ""),
