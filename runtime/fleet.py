@@ -112,12 +112,12 @@ def start_fleet(groups: Sequence[Group], model: PreTrainedModel | str, tokenizer
     ranks = start_trainers(next(g for g in groups if g.role == "train"), model, tokenizer.pad_id, train, seed,
                            timeout_s)
     trainer = ranks[0]
-    ranks = ray.get([a.sync_ranks.remote() for a in actors])
-    host, port = ray.get(trainer.open_sync.remote(1 + sum(ranks), timeout_s))
-    ray.get(join_sync_group(trainer, actors, host, port, bucket_bytes, timeout_s, ranks))
+    sync_ranks = ray.get([a.sync_ranks.remote() for a in actors])  # each engine's ranks in the sync group
+    host, port = ray.get(trainer.open_sync.remote(1 + sum(sync_ranks), timeout_s))
+    ray.get(join_sync_group(trainer, actors, host, port, bucket_bytes, timeout_s, sync_ranks))
     statuses = ray.get([a.status.remote() for a in actors])
     handles = [EngineHandle(f"engine{k}", a, st, k, r)
-               for k, (a, st, r) in enumerate(zip(actors, statuses, ranks, strict=True))]
+               for k, (a, st, r) in enumerate(zip(actors, statuses, sync_ranks, strict=True))]
     return handles, ranks
 
 
