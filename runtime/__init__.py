@@ -5,6 +5,7 @@ The pieces of a run:
 - `task`: digit addition with an exact-match reward and a stated chance level.
 - `engine`: the rollout-engine interface and a continuous-batching torch engine with a KV cache.
 - `vllm_engine`, `vllm_worker`: the same interface on vLLM, and its worker's in-place weight loading.
+- `engine_spec`: which engine a run uses (vLLM where it can run here, else torch) and how each is built.
 - `trainer`: GRPO advantages, AReaL's decoupled PPO loss, Adam, atomic checkpoints.
 - `parallel`: data-parallel trainer ranks (DDP or FSDP2), the same step as one trainer.
 - `controller`: the async loop's controller (traces.staleness's capacity rule, group routing,
@@ -18,9 +19,10 @@ Running one:
 - `loop`: the asynchronous loop in one process (round-robin), `run_in_process`.
 - `ray_run`: a run on Ray from start-up to tear-down, `run_on_ray`; `ray_start`: Ray's start-up.
 - `ray_loop`: the driver on Ray (`RayLoop`, `TrainerLost`); `ray_futures`: results of calls to dying actors.
-- `engine_worker`, `trainer_worker`: the engine and trainer-rank actors.
+- `engine_worker`, `trainer_worker`: the engine (vLLM or torch) and trainer-rank actors;
+  `engine_spec`: which engine a run uses and how each is built.
 - `fleet`: the engine actors' handles, spawning, sync-group joins and replacements;
-  `engine_factory`: how an engine kind's actors are built and what of a plan group it refuses.
+  `engine_factory`: how engine actors are spawned and what of a plan group an engine kind refuses.
 - `run_plan`: what of a plan and workload a run executes (`RunShape`) and what it refuses.
 - `placement`: one Ray placement group per plan group, pinned to its GPU type and plan nodes;
   `placement_record`: who ran where (`placement.json`, `phases.json`).

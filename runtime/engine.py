@@ -3,7 +3,9 @@
 `RolloutEngine` is the interface the loop drives (`TorchEngine` below and runtime.vllm_engine's
 `VllmEngine` implement it). It is step-wise on purpose: one `step()` is one continuous-batching
 iteration, so a scheduler can interleave engines and a trainer in one process, run each in its own
-thread, or drive a remote actor, without the engine knowing which.
+thread, or drive a remote actor, without the engine knowing which. `SyncedEngine` adds what a Ray
+engine actor (runtime.engine_worker) needs: joining the trainer's weight-sync group and taking part
+in its broadcasts (TorchEngine receives in its own process, VllmEngine inside vLLM's workers).
 
 `TorchEngine` is continuous batching over a transformers causal LM with a KV cache:
 - every iteration, running sequences decode one token together (one forward of batch B, length 1);
@@ -32,6 +34,9 @@ from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+
+from runtime.settings import SYNC_TIMEOUT_S
+from runtime.sync import DEFAULT_BUCKET_BYTES, SyncGroup, WeightReceiver
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,19 @@ class RolloutEngine(Protocol):
     def idle(self) -> bool: ...
     def stats(self) -> EngineStats: ...
     def drain_intervals(self) -> list[Interval]: ...
+    def close(self) -> None: ...
+
+
+class SyncedEngine(RolloutEngine, Protocol):
+    """A rollout engine that is a member of the trainer's weight-sync group (runtime.sync)."""
+
+    @property
+    def target_version(self) -> int: ...
+    @property
+    def sync_ranks(self) -> int: ...
+    def join_sync(self, host: str, port: int, rank: int, world_size: int, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                  timeout_s: float = SYNC_TIMEOUT_S) -> None: ...
+    def receive_weights(self) -> int: ...
 
 
 def generate(engine: RolloutEngine, requests: Sequence[Request]) -> list[Completion]:
@@ -125,6 +143,11 @@ class EngineBase:
     def version(self) -> int:
         return self._version
 
+    @property
+    def target_version(self) -> int:
+        """The version the engine holds once its queued weights apply (its version if none are queued)."""
+        return self._version if self._pending is None else self._pending[1]
+
     def submit(self, requests: Sequence[Request]) -> None:
         self._waiting.extend(requests)
 
@@ -150,6 +173,9 @@ class EngineBase:
     def drain_intervals(self) -> list[Interval]:
         out, self._intervals = self._intervals, []
         return out
+
+    def close(self) -> None:
+        """Release what the engine holds outside this process's memory (nothing, unless a subclass says)."""
 
     def _record(self, activity: str, start: float, samples: int) -> None:
         end = self._clock()
@@ -186,11 +212,35 @@ class TorchEngine(EngineBase):
         self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [rows, cached columns]: 1 = real
         self._pos = torch.zeros(0, dtype=torch.long, device=self.device)  # position id of each row's last token
         self._pending: tuple[dict[str, torch.Tensor], int] | None = None
+        self._receiver: WeightReceiver | None = None
 
     # -- interface (the rest is EngineBase's) -------------------------------------------------------
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         # copied now: the sender keeps training its tensors in place while these wait for a boundary
         self._pending = ({k: v.detach().clone() for k, v in state_dict.items()}, version)
+
+    # -- the runtime's sync group ----------------------------------------------------------------
+    @property
+    def sync_ranks(self) -> int:
+        return 1  # the model runs in this process: one receiving rank
+
+    def join_sync(self, host: str, port: int, rank: int, world_size: int, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                  timeout_s: float = SYNC_TIMEOUT_S) -> None:
+        """Join a (new) sync group as `rank`; a previous group, broken by a dead rank, is dropped."""
+        self._receiver = None
+        group = SyncGroup(host, port, rank, world_size, timeout_s=timeout_s)
+        self._receiver = WeightReceiver(group, self.model.state_dict(), bucket_bytes)
+
+    def receive_weights(self) -> int:
+        """Take part in one broadcast; the weights apply at the next iteration boundary. A version the
+        engine holds or has queued is not queued again (after a fault the group re-broadcasts the
+        current version for a new engine: reloading would make the others re-prefill for nothing)."""
+        if self._receiver is None:
+            raise RuntimeError("join_sync first")
+        state, version = self._receiver.receive()
+        if version != self.target_version:
+            self.load_weights(state, version)
+        return version
 
     # -- one iteration ---------------------------------------------------------------------------
     @torch.inference_mode()

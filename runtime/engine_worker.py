@@ -1,18 +1,20 @@
-"""The rollout engine's Ray actor: a `TorchEngine` in its own process, one rank of the weight-sync group."""
+"""The rollout engine's Ray actor: a vLLM or torch engine (runtime.engine_spec) in its own process, one
+member of the weight-sync group (a vLLM engine's workers are its ranks)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from transformers import PreTrainedModel
 
 from runtime.engine import Completion, Interval, Request, TorchEngine
-from runtime.model import model_of
+from runtime.engine_spec import EngineSpec
 from runtime.settings import SYNC_TIMEOUT_S
-from runtime.sync import DEFAULT_BUCKET_BYTES, SyncGroup, WeightReceiver
+from runtime.sync import DEFAULT_BUCKET_BYTES
 
 
 @dataclass(frozen=True)
@@ -26,33 +28,27 @@ class EngineStatus:
 
 
 class EngineWorker:
-    """A `TorchEngine` in its own process, one sync-group rank. Plain class; `ray.remote` wraps it."""
+    """A rollout engine (`EngineSpec`: vLLM or torch) in its own process, one sync-group member.
+    Plain class; `ray.remote` wraps it (with `EngineSpec.actor_options`)."""
 
-    def __init__(self, model: PreTrainedModel | str, eos_id: int, pad_id: int, name: str, max_batch: int,
-                 seed: int, interruptible: bool, threads: int = 1) -> None:
+    def __init__(self, spec: EngineSpec, name: str, seed: int, tp: int = 1, threads: int = 1) -> None:
         torch.set_num_threads(threads)  # a busy small machine: OpenMP spinning costs more than it gains
-        self.engine = TorchEngine(model_of(model), eos_id, pad_id, name=name, max_batch=max_batch, seed=seed,
-                                  interruptible=interruptible, clock=time.time)
-        self._received = self.engine.version  # the last version loaded or queued
-        self._receiver: WeightReceiver | None = None
+        self.engine = spec.build(name, seed, tp=tp, clock=time.time)
+        self.tp = tp
+
+    def sync_ranks(self) -> int:
+        """Ranks this engine takes in the sync group (a vLLM engine: one per worker)."""
+        return self.engine.sync_ranks
 
     def join_sync(self, host: str, port: int, rank: int, world_size: int,
                   bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = SYNC_TIMEOUT_S) -> None:
         """Join a (new) sync group; a previous group, broken by a dead rank, is dropped."""
-        self._receiver = None
-        group = SyncGroup(host, port, rank, world_size, timeout_s=timeout_s)
-        self._receiver = WeightReceiver(group, self.engine.model.state_dict(), bucket_bytes)
+        self.engine.join_sync(host, port, rank, world_size, bucket_bytes, timeout_s)
 
     def receive_weights(self) -> EngineStatus:
-        """Take part in one weight broadcast; the weights apply at the engine's next iteration boundary.
-
-        A version already held is not loaded again: after a fault the group re-broadcasts the current
-        version for a new engine, and reloading would make the others re-prefill for nothing."""
-        assert self._receiver is not None, "join_sync first"
-        state, version = self._receiver.receive()
-        if version != self._received:
-            self.engine.load_weights(state, version)  # copies them: the receiver overwrites its tensors next time
-            self._received = version
+        """Take part in one weight broadcast; the weights apply at the engine's next iteration boundary
+        (a version already held is not loaded again: runtime.engine's `receive_weights`)."""
+        self.engine.receive_weights()
         return self.status()
 
     def step(self, requests: Sequence[Request]) -> tuple[list[Completion], list[Interval], EngineStatus]:
@@ -62,13 +58,26 @@ class EngineWorker:
 
     def status(self) -> EngineStatus:
         e = self.engine
-        accepts = next((v for v in (self._received, e.version) if e.accepting(v)), None)
+        target = e.target_version
         # queued weights apply only inside step(): an engine holding some is not idle, or a draining
         # engine with no rows left would never load them and never accept again
-        return EngineStatus(accepts, e.load(), e.capacity(), e.idle() and e.version == self._received)
+        return EngineStatus(target if e.accepting(target) else None, e.load(), e.capacity(),
+                            e.idle() and e.version == target)
 
     def weights(self) -> dict[str, torch.Tensor]:
+        """The torch engine's weights (tests compare them with the trainer's; vLLM's live in its workers)."""
+        if not isinstance(self.engine, TorchEngine):
+            raise TypeError(f"weights() reads a torch engine's model; this engine is {type(self.engine).__name__}")
         return {k: v.clone() for k, v in self.engine.model.state_dict().items()}
+
+    def describe(self) -> dict[str, Any]:
+        """What this engine is and where it runs (the run's record of its engines)."""
+        import ray
+
+        context = ray.get_runtime_context()
+        return {"name": self.engine.name, "engine": type(self.engine).__name__, "tp": self.tp,
+                "sync_ranks": self.engine.sync_ranks, "pid": os.getpid(), "node": context.get_node_id(),
+                "version": self.engine.version, "completed": self.engine.stats().completed}
 
     def node_id(self) -> str:
         import ray

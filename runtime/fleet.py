@@ -15,7 +15,8 @@ from typing import Any
 from transformers import PreTrainedModel
 
 from runtime.engine import Completion, Request
-from runtime.engine_factory import EngineFactory, TorchEngines
+from runtime.engine_factory import EngineFactory, SpecEngines
+from runtime.engine_spec import EngineSpec
 from runtime.engine_worker import EngineStatus
 from runtime.model import CharTokenizer
 from runtime.placement import Group
@@ -31,9 +32,10 @@ Spawn = Callable[[int, int], Any]  # spawn(slot index, restart count): a new eng
 class EngineHandle:
     """The driver's view of one engine actor: routing reads the last status, submissions wait for its next step."""
 
-    def __init__(self, name: str, actor: Any, status: EngineStatus, index: int = 0) -> None:
+    def __init__(self, name: str, actor: Any, status: EngineStatus, index: int = 0, ranks: int = 1) -> None:
         self.name, self.actor, self.status = name, actor, status
         self.index = index  # its slot: a replacement goes on the same placement-group bundle
+        self.ranks = ranks  # its ranks in the sync group: one per vLLM worker (its tensor-parallel size)
         self._outbox: list[Request] = []
         self.inflight: dict[int, Request] = {}  # routed here, not completed: what its death would lose
 
@@ -68,28 +70,33 @@ def engine_spawner(groups: Iterable[Group], model: PreTrainedModel | str, tokeni
     """`spawn(index, restart)`: an engine actor on slot `index` (its group's bundle), seeded per restart.
 
     `max_batch`: running sequences per engine, one figure or one per rollout group (the plan's caps);
-    `engines`: the factory that builds them (torch engines by default)."""
-    factory = engines or TorchEngines(model, tokenizer.eos_id, tokenizer.pad_id, interruptible)
+    `engines`: the factory that builds them (torch engines of `model` by default); each gets its group's TP."""
     rollout = [g for g in groups if g.role == "rollout"]
     caps = [max_batch] * len(rollout) if isinstance(max_batch, int) else list(max_batch)
+    factory = engines or SpecEngines(EngineSpec("torch", model, tokenizer.eos_id, tokenizer.pad_id, max(caps),
+                                                interruptible))
     slots = [(g, i, cap) for g, cap in zip(rollout, caps, strict=True) for i in range(g.actors)]
 
     def spawn(index: int, restart: int = 0) -> Any:
         group, i, cap = slots[index]
         return factory.spawn(group.actor_options(i), f"engine{index}", seed * 1000 + index + 1 + 100_003 * restart,
-                             cap)
+                             cap, tp=group.per_actor)
 
     return spawn
 
 
 def join_sync_group(trainer: Any, engines: Sequence[Any], host: str, port: int, bucket_bytes: int,
-                    timeout_s: float) -> list[Any]:
+                    timeout_s: float, ranks: Sequence[int] | None = None) -> list[Any]:
     """The joins of trainer rank 0 and `engines` to the sync group whose store the trainer opened at
     (host, port), as futures: every rank must be inside the group's constructor at once, so all the
-    joins are issued before any is waited on."""
-    world = len(engines) + 1
+    joins are issued before any is waited on. `ranks`: each engine's ranks (default one each); engine
+    k's first rank follows the ranks of the engines before it."""
+    ranks = list(ranks) if ranks is not None else [1] * len(engines)
+    world = 1 + sum(ranks)
+    firsts = [1 + sum(ranks[:k]) for k in range(len(engines))]
     return [trainer.join_sync.remote(bucket_bytes, timeout_s),
-            *(a.join_sync.remote(host, port, r + 1, world, bucket_bytes, timeout_s) for r, a in enumerate(engines))]
+            *(a.join_sync.remote(host, port, first, world, bucket_bytes, timeout_s)
+              for first, a in zip(firsts, engines, strict=True))]
 
 
 def start_fleet(groups: Iterable[Group], model: PreTrainedModel | str, tokenizer: CharTokenizer,
@@ -109,10 +116,12 @@ def start_fleet(groups: Iterable[Group], model: PreTrainedModel | str, tokenizer
     ranks = start_trainers(next(g for g in groups if g.role == "train"), model, tokenizer.pad_id, train, seed,
                            timeout_s, tp)
     trainer = ranks[0]
-    host, port = ray.get(trainer.open_sync.remote(len(actors) + 1, timeout_s))
-    ray.get(join_sync_group(trainer, actors, host, port, bucket_bytes, timeout_s))
+    sync_ranks = ray.get([a.sync_ranks.remote() for a in actors])  # each engine's ranks in the sync group
+    host, port = ray.get(trainer.open_sync.remote(1 + sum(sync_ranks), timeout_s))
+    ray.get(join_sync_group(trainer, actors, host, port, bucket_bytes, timeout_s, sync_ranks))
     statuses = ray.get([a.status.remote() for a in actors])
-    handles = [EngineHandle(f"engine{k}", a, st, k) for k, (a, st) in enumerate(zip(actors, statuses, strict=True))]
+    handles = [EngineHandle(f"engine{k}", a, st, k, r)
+               for k, (a, st, r) in enumerate(zip(actors, statuses, sync_ranks, strict=True))]
     return handles, ranks
 
 
@@ -169,7 +178,7 @@ class EngineFleet:
             if self.restarts > MAX_ENGINE_RESTARTS:
                 raise RuntimeError(f"rollout engines died {self.restarts} times in this run; giving up")
             actor = self.spawn(engine.index, self.restarts)
-            handle = EngineHandle(engine.name, actor, EngineStatus(None, 0, 0, True), engine.index)
+            handle = EngineHandle(engine.name, actor, EngineStatus(None, 0, 0, True), engine.index, engine.ranks)
             self._starting.append(Replacement(handle, actor.status.remote(), self.clock()))
         return list(engine.inflight.values())
 

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from runtime.controller import Controller, LoopConfig
-from runtime.engine import RolloutEngine, TorchEngine
+from runtime.engine import RolloutEngine
+from runtime.engine_spec import EngineSpec, engine_model
 from runtime.model import CharTokenizer
 from runtime.records import RunRecorder
 from runtime.run_result import Finished
@@ -81,9 +82,11 @@ class AsyncLoop:
 
 
 def run_in_process(setup: RunSetup, config: LoopConfig, engines: int, seed: int = 0, max_batch: int = 256,
-                   interruptible: bool = True, progress: Callable[[dict[str, Any]], None] | None = None) -> Finished:
-    """`setup` trained by one trainer and `engines` torch engines on `AsyncLoop`, seeded by `seed`
-    without touching the caller's torch RNG; a resumed run's trainer and engines start from its checkpoint."""
+                   interruptible: bool = True, progress: Callable[[dict[str, Any]], None] | None = None,
+                   engine: str = "torch") -> Finished:
+    """`setup` trained by one trainer and `engines` rollout engines (`engine`: "torch" or "vllm",
+    runtime.engine_spec) on `AsyncLoop`, seeded by `seed` without touching the caller's torch RNG; a
+    resumed run's trainer and engines start from its checkpoint."""
     out, tokenizer, record = setup.out, setup.tokenizer, setup.record
     clock = time.time  # wall clock, not perf_counter: a resumed run's records continue another process's
     with torch.random.fork_rng(devices=[]):
@@ -92,17 +95,26 @@ def run_in_process(setup: RunSetup, config: LoopConfig, engines: int, seed: int 
         if record is not None:
             assert out is not None
             trainer.load_checkpoint(out / record["trainer"])
-        pool: list[RolloutEngine] = [  # a resumed run's engines start from the checkpoint's weights
-            TorchEngine(trainer.model, tokenizer.eos_id, tokenizer.pad_id, name=f"engine{i}", max_batch=max_batch,
-                        seed=seed * 1000 + i + 1, interruptible=interruptible, version=trainer.version, clock=clock)
-            for i in range(engines)
-        ]
-        loop = AsyncLoop(setup.task, tokenizer, pool, trainer, config, seed=seed, out_dir=out, clock=clock,
-                         progress=progress, identity=setup.identity)
-        if record is not None:
-            assert out is not None
-            loop.control.restore(record["controller"], RunRecorder.resume(out, record["records"]))
-        t0 = clock()
-        loop.run()
-    seconds = clock() - t0
+        # torch engines copy the trainer's model (a resumed run's: the checkpoint's weights); vLLM engines
+        # load the initial model's folder, then the checkpoint's weights before their first request
+        weights = engine_model(engine, trainer.model, out / "initial_model" if out is not None else None)
+        spec = EngineSpec(engine, weights, tokenizer.eos_id, tokenizer.pad_id, max_batch, interruptible)
+        start = trainer.version if engine == "torch" else 0
+        pool: list[RolloutEngine] = []
+        try:
+            for i in range(engines):
+                pool.append(spec.build(f"engine{i}", seed * 1000 + i + 1, version=start, clock=clock))
+                if start != trainer.version:
+                    pool[-1].load_weights(trainer.weights(), trainer.version)
+            loop = AsyncLoop(setup.task, tokenizer, pool, trainer, config, seed=seed, out_dir=out, clock=clock,
+                             progress=progress, identity=setup.identity)
+            if record is not None:
+                assert out is not None
+                loop.control.restore(record["controller"], RunRecorder.resume(out, record["records"]))
+            t0 = clock()
+            loop.run()
+            seconds = clock() - t0
+        finally:
+            for e in pool:
+                e.close()
     return Finished(loop.control, trainer.model, seconds, trainer.version, trainer.optimizer_steps())

@@ -1,7 +1,8 @@
 """The async loop's driver on Ray: rollout engines and the trainer are actors, weights travel over gloo.
 
 Processes:
-- one `EngineWorker` actor per rollout engine (runtime.engine_worker) and one `TrainerWorker` actor
+- one `EngineWorker` actor per rollout engine (runtime.engine_worker: a vLLM or torch engine, the
+  run's `EngineSpec`; a vLLM engine's workers are its ranks in the sync group) and one `TrainerWorker` actor
   per trainer rank (runtime.trainer_worker), placed with `runtime.placement.place` (one placement
   group per plan group, pinned to its GPU type). With
   the plan's trainer dp > 1 the ranks are `runtime.parallel.DataParallelTrainer` replicas in a
@@ -227,10 +228,11 @@ class RayLoop:
 
     def _rebuild(self) -> bool:
         """A new sync group (new store, new port) of the trainer and the live engines; False if a rank failed."""
-        world = len(self.engines) + 1
+        ranks = [e.ranks for e in self.engines]  # a vLLM engine's workers are one rank each
         bucket, timeout = self.sync.bucket_bytes, self.sync.timeout_s
-        host, port = self._trainer_get(self.trainer.open_sync.remote(world, timeout))
-        results = gather(join_sync_group(self.trainer, [e.actor for e in self.engines], host, port, bucket, timeout))
+        host, port = self._trainer_get(self.trainer.open_sync.remote(1 + sum(ranks), timeout))
+        results = gather(join_sync_group(self.trainer, [e.actor for e in self.engines], host, port, bucket, timeout,
+                                         ranks))
         self._trainer_result(results[0])
         ok = not isinstance(results[0], Exception)
         for engine, result in zip(list(self.engines), results[1:], strict=True):

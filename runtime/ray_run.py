@@ -19,7 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.controller import Controller, LoopConfig
-from runtime.engine_factory import EngineFactory, TorchEngines
+from runtime.engine_factory import EngineFactory, SpecEngines
+from runtime.engine_spec import EngineSpec, engine_model
 from runtime.fleet import engine_spawner, start_fleet
 from runtime.parallel import check_pp
 from runtime.placement import place
@@ -37,8 +38,9 @@ def run_on_ray(plan: Plan, setup: RunSetup, config: LoopConfig, seed: int = 0, m
                interruptible: bool = True, address: str | None = None,
                progress: Callable[[dict[str, Any]], None] | None = None, faults: Faults | None = None,
                sync_timeout_s: float = SYNC_TIMEOUT_S, cluster: Cluster | None = None,
-               engines: EngineFactory | None = None, executor: str = "ray") -> Finished:
+               engines: EngineFactory | None = None, executor: str = "ray", engine: str = "torch") -> Finished:
     """Train `setup` with the plan's engines and trainer ranks as Ray actors and real weight sync.
+    `engine`: every rollout group's engines are vLLM or torch engines (runtime.engine_spec).
 
     Dead engines are replaced; a dead trainer raises `runtime.ray_loop.TrainerLost`, and a setup with
     a checkpoint record continues that run (every trainer rank loads rank 0's file)."""
@@ -51,8 +53,11 @@ def run_on_ray(plan: Plan, setup: RunSetup, config: LoopConfig, seed: int = 0, m
     loop: RayLoop | None = None
     actors: list[Any] = []
     caps = [plan.running_cap(g, max_batch) for g in plan.rollout]
-    factory = engines or TorchEngines(model, tokenizer.eos_id, tokenizer.pad_id, interruptible)
-    spawn = engine_spawner(groups, model, tokenizer, seed, caps, interruptible, factory)
+    # the initial weights the engines load (a vLLM engine: the run folder's copy); a resumed run's come by sync
+    weights = engine_model(engine, model, out / "initial_model" if out is not None else None)
+    factory = engines or SpecEngines(EngineSpec(engine, weights, tokenizer.eos_id, tokenizer.pad_id, max_batch,
+                                                interruptible))
+    spawn = engine_spawner(groups, weights, tokenizer, seed, caps, interruptible, factory)
     try:
         handles, ranks = start_fleet(groups, model, tokenizer, setup.train, seed, max_batch, interruptible,
                                      timeout_s=sync_timeout_s, spawn=spawn, tp=plan.trainer.tp)
@@ -73,6 +78,7 @@ def run_on_ray(plan: Plan, setup: RunSetup, config: LoopConfig, seed: int = 0, m
         seconds = time.time() - t0
         model.load_state_dict(ray.get(trainer.weights.remote()))
         described = tuple(ray.get([rank.describe.remote() for rank in ranks]))
+        engine_actors = tuple(ray.get([h.actor.describe.remote() for h in loop.engines]))
         if out is not None:
             write_placement(out, where)
     finally:
@@ -80,4 +86,4 @@ def run_on_ray(plan: Plan, setup: RunSetup, config: LoopConfig, seed: int = 0, m
             ray.kill(actor)
         groups.remove()
     return Finished(control, model, seconds, described[0]["version"], described[0]["optimizer_steps"],
-                    loop.fleet.restarts, described, where)
+                    loop.fleet.restarts, described, where, engine_actors)

@@ -6,7 +6,7 @@ minibatches, mode, staleness and interruptible flag drive the loop (`RunShape`).
 cannot honour is refused in one line (SpecError, exit 2 in the CLI), never dropped:
 - trainer pp > 1 (pipeline parallelism is not built; tp > 1 runs: runtime.tensor_parallel);
 - a fractional staleness bound (simulated, not run: the runtime's admission counts whole versions);
-- an engine TP the engine kind cannot run (`EngineFactory.refusal`: torch engines run tp 1);
+- an engine TP the engine kind cannot run (runtime.engine_factory.group_refusal: torch engines run tp 1);
 - PPO (the runtime trains GRPO), a KL reference, rollout logprobs as the old policy (the runtime's
   loss recomputes the proximal policy).
 The workload's prompt lengths are not a directive: the task's prompts are what they are, and the run

@@ -35,6 +35,8 @@ class RunResult:
     # each trainer rank at the end (Ray runs): rank, pid, node, version, steps it trained, its weights' sha256
     trainer_ranks: tuple[dict[str, Any], ...] = ()
     placement: dict[str, Any] | None = None  # who ran where (runtime.placement_record; Ray runs)
+    # each live engine at the end (Ray runs): name, engine class, tp, sync ranks, pid, node, version, completed
+    engines: tuple[dict[str, Any], ...] = ()
 
     @property
     def chance(self) -> float:
@@ -62,6 +64,7 @@ class Finished:
     engine_restarts: int = 0
     trainer_ranks: tuple[dict[str, Any], ...] = ()  # every rank's `describe()` (Ray runs)
     placement: dict[str, Any] | None = None  # who ran where (runtime.placement_record; Ray runs)
+    engines: tuple[dict[str, Any], ...] = ()  # every live engine actor's `describe()` (Ray runs)
 
 
 def summarize(setup: RunSetup, finished: Finished) -> RunResult:
@@ -80,5 +83,5 @@ def summarize(setup: RunSetup, finished: Finished) -> RunResult:
         optimizer_steps=finished.optimizer_steps, trained_sids=tuple(control.trained_sids),
         requeued_sids=tuple(control.requeued_sids), duplicates=control.duplicates,
         engine_restarts=finished.engine_restarts, trainer_ranks=finished.trainer_ranks,
-        placement=finished.placement,
+        placement=finished.placement, engines=finished.engines,
     )

@@ -35,25 +35,32 @@ def toy_plan(engines: int, staleness: int, gpu_type: str = TOY_GPU_TYPE, dp: int
 
 
 def run_identity(task: AdditionTask, engines: int, staleness: int, seed: int, prompts_per_step: int,
-                 group_size: int, hidden: int, layers: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                 group_size: int, hidden: int, layers: int, extra: dict[str, Any] | None = None,
+                 heads: int = 4, kv_heads: int = 2) -> dict[str, Any]:
     """What a checkpoint must match to be resumed: the task, the plan's shape, the model and the seed
     (the steps may grow: a resumed run can be extended; the LR schedule stays the checkpoint's)."""
     return {"task": f"addition(max_operand={task.max_operand})", "engines": engines, "staleness": staleness,
             "seed": seed, "prompts_per_step": prompts_per_step, "group_size": group_size,
-            "model": f"tiny-llama(hidden={hidden}, layers={layers})", **(extra or {})}
+            "model": f"tiny-llama(hidden={hidden}, layers={layers}"
+                     + (f", heads={heads}, kv_heads={kv_heads})" if (heads, kv_heads) != (4, 2) else ")"),
+            **(extra or {})}
 
 
 def toy_setup(steps: int, engines: int, staleness: int, seed: int, out_dir: str | Path | None,
               prompts_per_step: int, group_size: int, train: TrainConfig | None, task: AdditionTask | None,
-              hidden: int, layers: int, resume: bool, identity: dict[str, Any] | None) -> RunSetup:
+              hidden: int, layers: int, resume: bool, identity: dict[str, Any] | None, heads: int = 4,
+              kv_heads: int = 2) -> RunSetup:
     """The task, the run's identity and resume record, the train config and the initial model (saved
     as the HF folder a vLLM engine would load, on a fresh run with an out folder), and its reward."""
     out = Path(out_dir) if out_dir is not None else None
     task, tokenizer = task or AdditionTask(max_operand=4), CharTokenizer()
-    ident = run_identity(task, engines, staleness, seed, prompts_per_step, group_size, hidden, layers, identity)
+    ident = run_identity(task, engines, staleness, seed, prompts_per_step, group_size, hidden, layers, identity,
+                         heads, kv_heads)
     record = resume_record(out, resume, ident, steps)
     train = train or TrainConfig(entropy_coef=0.01, decay_steps=steps)  # a resumed trainer takes the checkpoint's
-    model = build_model(tiny_llama_config(tokenizer, hidden=hidden, layers=layers, intermediate=4 * hidden), seed=seed)
+    config = tiny_llama_config(tokenizer, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads,
+                               intermediate=4 * hidden)
+    model = build_model(config, seed=seed)
     if out is not None and record is None:
         save_model(model, tokenizer, out / "initial_model")
     return RunSetup(out, task, tokenizer, ident, record, train, model, evaluate(model, task, tokenizer))
@@ -64,8 +71,10 @@ def run_toy(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0, out
             interruptible: bool = True, max_batch: int = 256, task: AdditionTask | None = None, hidden: int = 64,
             layers: int = 2, progress: Callable[[dict[str, Any]], None] | None = None,
             checkpoint_every: int = 0, resume: bool = False, identity: dict[str, Any] | None = None,
-            response_cap: int | None = None) -> RunResult:
-    """Train the tiny Llama on digit addition with async GRPO: one trainer, `engines` torch engines.
+            response_cap: int | None = None, engine: str = "torch", heads: int = 4, kv_heads: int = 2) -> RunResult:
+    """Train the tiny Llama on digit addition with async GRPO: one trainer, `engines` rollout engines
+    (`engine`: "torch" or "vllm", runtime.engine_spec; vLLM on CPU needs a head size of 32 or more:
+    heads=2 at hidden 64).
 
     Defaults are the measured ones that learn on two CPU cores in well under a minute: operands 0..4
     (9 answers, chance 1/9; with 0..9 and 19 answers the reward still crawls at ~0.1 after 200 steps:
@@ -77,9 +86,9 @@ def run_toy(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0, out
     `resume`: continue the run in `out_dir` from its last checkpoint (runtime.records).
     """
     toy = toy_setup(steps, engines, staleness, seed, out_dir, prompts_per_step, group_size, train, task, hidden,
-                    layers, resume, identity)
+                    layers, resume, identity, heads, kv_heads)
     config = LoopConfig(steps, prompts_per_step, group_size, staleness, checkpoint_every, response_cap=response_cap)
-    return summarize(toy, run_in_process(toy, config, engines, seed, max_batch, interruptible, progress))
+    return summarize(toy, run_in_process(toy, config, engines, seed, max_batch, interruptible, progress, engine))
 
 
 def run_toy_ray(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0, out_dir: str | Path | None = None,
@@ -89,7 +98,8 @@ def run_toy_ray(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0,
                 progress: Callable[[dict[str, Any]], None] | None = None, checkpoint_every: int = 0,
                 resume: bool = False, identity: dict[str, Any] | None = None, faults: Faults | None = None,
                 sync_timeout_s: float = SYNC_TIMEOUT_S, dp: int = 1, tp: int = 1, plan: Plan | None = None,
-                cluster: Cluster | None = None, response_cap: int | None = None, executor: str = "ray") -> RunResult:
+                cluster: Cluster | None = None, response_cap: int | None = None, executor: str = "ray",
+                engine: str = "torch", heads: int = 4, kv_heads: int = 2) -> RunResult:
     """`run_toy` with engines and trainer as Ray actors and real weight sync.
 
     Starts a local Ray on loopback (or joins `address`, or uses the Ray this process is connected to)
@@ -108,11 +118,12 @@ def run_toy_ray(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0,
         engines, staleness = sum(g.instances for g in plan.rollout), plan.staleness
         dp, tp = plan.trainer.dp, plan.trainer.tp
     toy = toy_setup(steps, engines, staleness, seed, out_dir, prompts_per_step, group_size, train, task, hidden,
-                    layers, resume, identity)
+                    layers, resume, identity, heads, kv_heads)
     cfg = toy.model.config
     check_trainer_shape(dp, tp, 1, prompts_per_step, cfg.num_attention_heads, cfg.num_key_value_heads,
                         cfg.intermediate_size)
     config = LoopConfig(steps, prompts_per_step, group_size, staleness, checkpoint_every, response_cap=response_cap)
     finished = run_on_ray(plan or toy_plan(engines, staleness, dp=dp, tp=tp), toy, config, seed, max_batch,
-                          interruptible, address, progress, faults, sync_timeout_s, cluster=cluster, executor=executor)
+                          interruptible, address, progress, faults, sync_timeout_s, cluster=cluster, executor=executor,
+                          engine=engine)
     return summarize(toy, finished)

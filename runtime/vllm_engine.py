@@ -30,13 +30,15 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from runtime.engine import Completion, EngineBase, Row
+from runtime.settings import SYNC_TIMEOUT_S
 from runtime.sync import DEFAULT_BUCKET_BYTES
 
 WORKER_EXTENSION = "runtime.vllm_worker.WeightSyncExtension"
@@ -84,16 +86,18 @@ class VllmEngine(EngineBase):
         # lands between two known iterations (a core process of its own would run ahead of step());
         # the model still runs in vLLM's worker processes when the executor is "mp"
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is the CLI's (--json)
         from vllm import LLM
 
         super().__init__(name, max_batch, interruptible, version, clock)
         self.eos_id = eos_id
         self.temperature = temperature
         self.seed = seed
-        self.llm = LLM(model=str(model), skip_tokenizer_init=True, worker_extension_cls=WORKER_EXTENSION,
-                       max_num_seqs=max_batch, seed=seed, logprobs_mode="processed_logprobs",
-                       generation_config="vllm",  # sampling is set here, not by the checkpoint's defaults
-                       **llm_kwargs)
+        with _out_of_vllms_module_scan():
+            self.llm = LLM(model=str(model), skip_tokenizer_init=True, worker_extension_cls=WORKER_EXTENSION,
+                           max_num_seqs=max_batch, seed=seed, logprobs_mode="processed_logprobs",
+                           generation_config="vllm",  # sampling is set here, not by the checkpoint's defaults
+                           **llm_kwargs)
         self._engine = self.llm.llm_engine
         self._tmp = Path(tempfile.mkdtemp(prefix=f"rlfleet-{name}-"))  # weight files of `load_weights`
         self._rows: dict[str, _Row] = {}  # by vLLM request id, in submission order
@@ -117,21 +121,25 @@ class VllmEngine(EngineBase):
         """Ranks this engine takes in the sync group: one per vLLM worker."""
         return int(self._engine.vllm_config.parallel_config.world_size)
 
-    def join_sync(self, host: str, port: int, rank: int, world_size: int, dtype: str = "float32",
-                  bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+    def join_sync(self, host: str, port: int, rank: int, world_size: int, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                  timeout_s: float = SYNC_TIMEOUT_S, dtype: str = "float32") -> None:
         """Every vLLM worker joins the trainer's sync group: worker i as `rank + i` (`sync_ranks` of them).
 
         `dtype` is the trainer's (the layout both sides derive must match); blocks until all ranks join.
         """
-        self.llm.collective_rpc("rlfleet_join_sync", args=(host, port, rank, world_size, dtype, bucket_bytes))
+        self.llm.collective_rpc("rlfleet_join_sync",
+                                args=(host, port, rank, world_size, dtype, bucket_bytes, timeout_s))
 
     def receive_weights(self) -> int:
-        """Take part in one `WeightSender.send`; the weights apply at the next iteration boundary."""
+        """Take part in one `WeightSender.send`; the weights apply at the next iteration boundary.
+
+        A version the engine holds or has queued is not queued again (as TorchEngine's)."""
         versions = set(self.llm.collective_rpc("rlfleet_receive"))
         if len(versions) != 1:
             raise RuntimeError(f"workers received different versions: {sorted(versions)}")
         version = versions.pop()
-        self._queue((_RECEIVED, version))
+        if version != self.target_version:
+            self._queue((_RECEIVED, version))
         return version
 
     def close(self) -> None:
@@ -225,6 +233,27 @@ class VllmEngine(EngineBase):
                                        tuple(row.versions), row.tokens[-1:] == [self.eos_id]))
         self._completed += len(done)
         return done
+
+
+# modules whose attributes break vLLM's start-up scan of every loaded module (see below)
+_SCAN_BREAKERS = ("llvmlite.binding.ffi",)
+
+
+@contextmanager
+def _out_of_vllms_module_scan() -> Iterator[None]:
+    """Leave `_SCAN_BREAKERS` out of `sys.modules` while vLLM starts.
+
+    vLLM 0.32's CPU worker rebinds its kernel overrides by scanning every module in `sys.modules`
+    (vllm/triton_utils/dispatcher.py, `_rebind_kernels`), calling `vars(value).get` on each attribute
+    with a `__dict__`; llvmlite's `ffi.lib` answers any attribute, `__dict__` included, with a function
+    wrapper, so the scan raises in a process that has loaded numba (the controller's routing kernels,
+    traces.routing_kernels, do: the in-process loop). The module objects stay alive and in use; only
+    their `sys.modules` entries are away, and put back at once."""
+    hidden = {name: sys.modules.pop(name) for name in _SCAN_BREAKERS if name in sys.modules}
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
 
 
 def _distinct(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

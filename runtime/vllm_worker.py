@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from runtime.settings import SYNC_TIMEOUT_S
 from runtime.sync import DEFAULT_BUCKET_BYTES, SyncGroup, WeightReceiver
 
 # Hugging Face names of the tied pair in Llama-family checkpoints (Llama, Qwen2, Mistral)
@@ -50,11 +51,12 @@ class WeightSyncExtension:
     _rlfleet_received: tuple[dict[str, torch.Tensor], int] | None = None
 
     def rlfleet_join_sync(self, host: str, port: int, rank: int, world_size: int, dtype: str,
-                          bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+                          bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = SYNC_TIMEOUT_S) -> None:
         """Join the trainer's sync group as `rank` + this worker's rank in vLLM (tensor-parallel workers
         each receive the full weights: vLLM's loaders cut their shards); blocks until every rank joins."""
         template = hf_template(self.model_config.hf_config, getattr(torch, dtype))  # type: ignore[attr-defined]
-        group = SyncGroup(host, port, rank + self.rank, world_size)  # type: ignore[attr-defined]
+        self._rlfleet_receiver = None  # a previous group, broken by a dead rank, is dropped
+        group = SyncGroup(host, port, rank + self.rank, world_size, timeout_s=timeout_s)  # type: ignore[attr-defined]
         self._rlfleet_receiver = WeightReceiver(group, template, bucket_bytes)
 
     def rlfleet_receive(self) -> int:

@@ -92,9 +92,9 @@ def _profile_run_predict(cli, folder: Path) -> tuple[dict, Path, Path]:  # type:
               "--contexts", "4,8", "--train-tokens", "512,1024,2048", "--sync-engines", "1", "--out", str(profile))
     assert res.code == 0, res.err
     run_dir = folder / "run"
-    # checkpoints only at the end: the simulator does not model checkpoint stalls
+    # checkpoints only at the end: the simulator does not model checkpoint stalls; torch engines, as profiled
     res = cli("run", "traces/data/plans/toy-cpu-256.json", "--steps", "15", "--profile", str(profile),
-              "--out", str(run_dir), "--checkpoint-every", "100", "--json")
+              "--out", str(run_dir), "--checkpoint-every", "100", "--engine", "torch", "--json")
     assert res.code == 0, res.err
     return res.json()["prediction"], profile, run_dir
 

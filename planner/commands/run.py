@@ -27,6 +27,12 @@ A plan whose trainer has dp > 1 trains on that many data-parallel ranks (Ray act
 dp must divide the step's prompts (GRPO groups). tp > 1 splits each rank's model over tp ranks
 (runtime.tensor_parallel; tp must divide the heads, KV heads and MLP columns). pp > 1 is refused, and
 --in-process, one process, refuses more than one trainer rank.
+
+`--engine vllm|torch`: every rollout group's engines are vLLM (`VllmEngine`, with the group's tp as
+`tensor_parallel_size`) or the torch engine, behind the same controller. The default is vLLM where
+it can run the plan's engines here (runtime.engine_spec.vllm_blocker: installed; on CPU a head size
+its kernels take, tp 1, and for --in-process a process started with its OpenMP preloaded), else torch;
+the summary names the engine used. An explicit `--engine vllm` that cannot run is refused in one line.
 """
 
 from __future__ import annotations
@@ -84,6 +90,8 @@ def register(sub: Any) -> None:
                        "--cluster (the default without --address)")
     where.add_argument("--in-process", action="store_true", help="run engines and trainer in this process, "
                        "no Ray and no placement (quick)")
+    p.add_argument("--engine", choices=("vllm", "torch"), help="rollout engines: vllm or torch (default: vllm "
+                   "where it can run the plan's engines here, else torch)")
     add_profile_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
@@ -93,11 +101,22 @@ def toy_model(plan: Plan, workload: Workload | None) -> ModelSpec:
     """The plan's model, if the toy runtime can build it: a tiny-llama shape over the character vocabulary."""
     spec = workload.model if workload is not None else get_model(plan.model or "tiny-llama")
     tiny = get_model("tiny-llama")
-    if (spec.vocab, spec.heads, spec.kv_heads, spec.intermediate) != (tiny.vocab, tiny.heads, tiny.kv_heads,
-                                                                      4 * spec.hidden):
+    if (spec.vocab, spec.intermediate) != (tiny.vocab, 4 * spec.hidden) or spec.hidden % spec.heads \
+            or spec.heads % spec.kv_heads:
         raise SpecError(f"plan model {spec.name!r}: rlfleet run trains the toy task with a tiny-llama shape "
-                        "(17-token vocabulary, 4 heads, 2 KV heads, MLP 4x hidden); use tiny-llama or tiny-llama-256")
+                        "(17-token vocabulary, heads dividing hidden, MLP 4x hidden); use tiny-llama, "
+                        "tiny-llama-h32 or tiny-llama-256")
     return spec
+
+
+def choose_engine(plan: Plan, spec: ModelSpec, asked: str | None, in_process: bool) -> tuple[str, Any]:
+    """The rollout engine of this run (`asked`, or the default: vLLM where it can run every group
+    here) and the toy model's config its refusals read (runtime.engine_factory.group_refusal)."""
+    from runtime.engine_spec import default_engine
+    from runtime.model import CharTokenizer, tiny_llama_config
+
+    config = tiny_llama_config(CharTokenizer(), spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.intermediate)
+    return asked or default_engine(config, tuple(g.tp for g in plan.rollout), in_process=in_process), config
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         import torch
         import transformers
 
-        from runtime.engine_factory import TorchEngines
+        from runtime.engine_factory import group_refusal
         from runtime.local_cluster import check_fits, local_cluster
         from runtime.parallel import check_trainer_shape
         from runtime.ray_loop import TrainerLost
@@ -119,8 +138,9 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster) if args.cluster else example_cluster("cpu-host")
     workload = load_workload(args.workload) if args.workload else None
     # every refusal comes before Ray, the engines or the run folder start
-    shape = run_shape(plan, workload, cluster, TorchEngines.refusal)
     spec = toy_model(plan, workload)
+    engine, config = choose_engine(plan, spec, args.engine, args.in_process)
+    shape = run_shape(plan, workload, cluster, group_refusal(engine, config, args.in_process))
     dp, tp = plan.trainer.dp, plan.trainer.tp
     check_trainer_shape(dp, tp, plan.trainer.pp, shape.prompts_per_step, spec.heads, spec.kv_heads, spec.intermediate)
     engines = sum(g.instances for g in plan.rollout)
@@ -154,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
                   "group_size": shape.group_size, "progress": lambda row: _show(progress, row),
                   "interruptible": shape.interruptible, "response_cap": shape.response_cap, "train": train,
                   "max_batch": caps[0] if args.in_process else MAX_BATCH,  # on Ray: each group's own cap
+                  "heads": spec.heads, "kv_heads": spec.kv_heads, "engine": engine,
                   # checkpoints only where the user keeps the folder
                   "checkpoint_every": args.checkpoint_every if folder else 0,
                   "resume": args.resume is not None, "identity": {"plan": plan_shape(plan)}}
@@ -179,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
                                      ppo_minibatches=(train or TrainConfig()).minibatches)
         write_run_spec(out, plan, observed.model_copy(update={"interruptible": shape.interruptible}), cluster)
         fid, why = _predict(out, cm, args)
-    summary = {"steps": result.steps, "engines": engines, "trainer_dp": dp, "trainer_tp": tp,
+    summary = {"steps": result.steps, "engines": engines, "engine": engine, "trainer_dp": dp, "trainer_tp": tp,
                "staleness_bound": plan.staleness, "mode": plan.mode,
                "batch": [shape.prompts_per_step, shape.group_size],
                "eval_before": result.eval_before, "eval_after": result.eval_after, "chance": result.chance,
@@ -190,13 +211,14 @@ def run(args: argparse.Namespace) -> int:
                "duplicates_dropped": result.duplicates, "samples_trained": result.samples,
                "trainer_ranks": list(result.trainer_ranks), "placement": result.placement,
                "not_applied": list(shape.not_applied),
+               "engine_actors": list(result.engines),
                "prediction": fid.summary() if fid else {"skipped": why}}
     if folder:
         atomic_write_text(Path(folder) / RUN_FILE, json.dumps(summary, indent=1) + "\n")
     where = {"in-process": "in one process", "ray-local": "on a local Ray cluster of fake nodes",
              "ray": "on Ray"}[executor]
     emit(summary, args.json, [
-        f"{args.task}: {result.steps} steps, {plan.mode}, {engines} engines in {len(plan.rollout)} group(s), "
+        f"{args.task}: {result.steps} steps, {plan.mode}, {engines} {engine} engines in {len(plan.rollout)} group(s), "
         + (f"{dp * tp} trainer ranks (dp {dp} x tp {tp}), " if dp * tp > 1 else "")
         + f"staleness bound {plan.staleness}, {where}"
         + (f", resumed from step {result.first_step}" if args.resume else ""),
