@@ -37,6 +37,7 @@ from typing import Literal
 
 import pulp
 
+from planner.bounds import Deadline
 from planner.candidates import Candidates, EngineOption, TrainerOption
 from traces import SpecError
 
@@ -70,17 +71,18 @@ class Solution:
         return "generation" if g < t else "training"
 
 
-def solver(name: str = "auto", mip: bool = True) -> pulp.LpSolver:
+def solver(name: str = "auto", mip: bool = True, seconds: float = SOLVE_SECONDS) -> pulp.LpSolver:
     """HiGHS (via highspy) when installed, else PuLP's bundled CBC; `name` forces one."""
     if name not in ("auto", "highs", "cbc"):
         raise SpecError(f"unknown solver '{name}'; use auto, highs or cbc")
+    limit = max(1, min(SOLVE_SECONDS, round(seconds)))
     if name in ("auto", "highs"):
-        highs = pulp.HiGHS(mip=mip, msg=False, timeLimit=SOLVE_SECONDS, gapRel=1e-7)
+        highs = pulp.HiGHS(mip=mip, msg=False, timeLimit=limit, gapRel=1e-7)
         if highs.available():
             return highs
         if name == "highs":
             raise SpecError("solver 'highs' is not installed (pip install highspy); use --solver cbc")
-    return pulp.PULP_CBC_CMD(mip=mip, msg=False, timeLimit=SOLVE_SECONDS, gapRel=1e-7)
+    return pulp.PULP_CBC_CMD(mip=mip, msg=False, timeLimit=limit, gapRel=1e-7)
 
 
 # ---- the analytic model, shared by the MILP's read-back and by brute force --------------------
@@ -119,6 +121,7 @@ class _Model:
     x: dict[int, pulp.LpVariable]
     y: dict[int, pulp.LpVariable]
     z: pulp.LpVariable
+    deadline: Deadline | None = None  # the request's clock: no solve runs past it
 
 
 def _build(cand: Candidates, objective: Objective, budget: float | None, target: float | None,
@@ -160,8 +163,9 @@ def _build(cand: Candidates, objective: Objective, budget: float | None, target:
 
 
 def _solve(model: _Model, solver_name: str, relax: bool) -> bool:
+    seconds = model.deadline.left() if model.deadline is not None else SOLVE_SECONDS
     with _quiet_stdout():  # highspy prints a banner on stdout before PuLP can silence it
-        status = model.prob.solve(solver(solver_name, mip=not relax))
+        status = model.prob.solve(solver(solver_name, mip=not relax, seconds=seconds))
     return pulp.LpStatus[status] == "Optimal" and model.z.varValue is not None
 
 
@@ -200,15 +204,18 @@ def _chosen(cand: Candidates, model: _Model) -> tuple[int, tuple[tuple[EngineOpt
 
 
 def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget: float | None = None,
-                target: float | None = None, top_k: int = 1, solver_name: str = "auto") -> list[Solution]:
+                target: float | None = None, top_k: int = 1, solver_name: str = "auto",
+                deadline: Deadline | None = None) -> list[Solution]:
     """solve_async_fixed with the interruptible-update derating at its fixed point."""
+    kw = {"budget": budget, "target": target, "solver_name": solver_name, "deadline": deadline}
     if not any(o.update_seconds for o in cand.engines):
-        return solve_async_fixed(cand, objective, budget=budget, target=target, top_k=top_k, solver_name=solver_name)
+        return solve_async_fixed(cand, objective, top_k=top_k, **kw)  # type: ignore[arg-type]
     period, last = math.inf, 0.0
     for _ in range(FIXED_POINT_ROUNDS):
+        if deadline is not None and deadline.expired("the interruptible fixed point"):
+            break
         derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
-        top = solve_async_fixed(derated, objective, budget=budget, target=target, top_k=1, solver_name=solver_name,
-                                bound=False)
+        top = solve_async_fixed(derated, objective, top_k=1, bound=False, **kw)  # type: ignore[arg-type]
         if not top:
             break
         rate = top[0].samples_per_s
@@ -216,12 +223,12 @@ def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget
             break
         period, last = cand.samples_per_step / rate, rate
     derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
-    return solve_async_fixed(derated, objective, budget=budget, target=target, top_k=top_k, solver_name=solver_name)
+    return solve_async_fixed(derated, objective, top_k=top_k, **kw)  # type: ignore[arg-type]
 
 
 def solve_async_fixed(cand: Candidates, objective: Objective = "throughput", *, budget: float | None = None,
-                      target: float | None = None, top_k: int = 1, solver_name: str = "auto", bound: bool = True
-                      ) -> list[Solution]:
+                      target: float | None = None, top_k: int = 1, solver_name: str = "auto", bound: bool = True,
+                      deadline: Deadline | None = None) -> list[Solution]:
     """The best `top_k` distinct solutions, each a different trainer option (no-good cuts on y).
 
     `bound=False` skips the LP relaxation (the fixed point's intermediate rounds need no bound)."""
@@ -232,11 +239,15 @@ def solve_async_fixed(cand: Candidates, objective: Objective = "throughput", *, 
     lp_bound = math.nan
     if bound:
         relaxed = _build(*args, relax=True, in_flight=cand.in_flight_cap)
+        relaxed.deadline = deadline
         if _solve(relaxed, solver_name, relax=True):
             lp_bound = float(relaxed.z.varValue if objective == "throughput" else pulp.value(relaxed.prob.objective))
     model = _build(*args, relax=False, in_flight=cand.in_flight_cap)
+    model.deadline = deadline
     out: list[Solution] = []
     for i in range(top_k):
+        if i and deadline is not None and deadline.expired("the top-k solutions"):
+            break
         if not _solve(model, solver_name, relax=False):
             break
         k, chosen = _chosen(cand, model)
@@ -249,10 +260,12 @@ def solve_async_fixed(cand: Candidates, objective: Objective = "throughput", *, 
 
 # ---- on-policy: enumerate, then the MILP for the engines ---------------------------------------
 def solve_sync(cand: Candidates, objective: Objective = "throughput", *, budget: float | None = None,
-               target: float | None = None, top_k: int = 1, solver_name: str = "auto") -> list[Solution]:
+               target: float | None = None, top_k: int = 1, solver_name: str = "auto",
+               deadline: Deadline | None = None) -> list[Solution]:
     """Disaggregated on-policy: for each trainer and each slowest allowed engine, the best engines.
 
     Pairs that cannot beat the best found so far (by a cheap bound) are skipped unless top_k needs them.
+    The request's bounds (`deadline`) stop the enumeration; the best found by then is returned.
     """
     batch = cand.samples_per_step
     if not cand.engines:
@@ -260,9 +273,12 @@ def solve_sync(cand: Candidates, objective: Objective = "throughput", *, budget:
     tails = sorted({o.tail_seconds for o in cand.engines})
     g_max = batch * max(o.segments[0][1] for o in cand.engines)  # no engine mix beats its best slope
     found: list[Solution] = []
+    solves = 0
     for k in sorted(range(len(cand.trainers)), key=lambda k: cand.trainers[k].step_seconds):
         t = cand.trainers[k]
         for longest in tails:
+            if deadline is not None and not deadline.may_solve("the on-policy enumeration", solves):
+                return _best(found, objective, top_k, budget, target)
             if len(found) >= top_k and _pruned(found, objective, top_k, batch / (max(batch / g_max, longest)
                                                                              + t.step_seconds), t.price_per_hour):
                 continue
@@ -275,6 +291,7 @@ def solve_sync(cand: Candidates, objective: Objective = "throughput", *, budget:
             allowed = [r for r, o in enumerate(cand.engines) if o.tail_seconds <= longest]
             model = _build(cand, objective, budget, need, [k], allowed, relax=False, in_flight=batch,
                            training=False)
+            model.deadline, solves = deadline, solves + 1
             if not _solve(model, solver_name, relax=False):
                 continue
             _, engines = _chosen(cand, model)
@@ -318,10 +335,11 @@ def _best(found: list[Solution], objective: Objective, top_k: int, budget: float
 
 
 def solve(cand: Candidates, mode: Mode, objective: Objective, budget: float | None, target: float | None,
-          top_k: int, solver_name: str = "auto") -> list[Solution]:
+          top_k: int, solver_name: str = "auto", deadline: Deadline | None = None) -> list[Solution]:
     """The best `top_k` plans of a mode: the async MILP, or the exact on-policy enumerations."""
+    kw = {"budget": budget, "target": target, "top_k": top_k, "solver_name": solver_name, "deadline": deadline}
     if mode == "async":
-        return solve_async(cand, objective, budget=budget, target=target, top_k=top_k, solver_name=solver_name)
+        return solve_async(cand, objective, **kw)  # type: ignore[arg-type]
     if mode == "sync":
-        return solve_sync(cand, objective, budget=budget, target=target, top_k=top_k, solver_name=solver_name)
+        return solve_sync(cand, objective, **kw)  # type: ignore[arg-type]
     return solve_colocated(cand, objective, budget=budget, target=target, top_k=top_k)

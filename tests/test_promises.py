@@ -6,7 +6,9 @@ import random
 
 import pytest
 
-from planner.api import _meet_target, plan_report, within
+from planner.api import plan_report, within
+from planner.rerank import meet_target
+from planner.scoring import Search
 from traces import Cluster, CostModel, SpecError, Workload, example_cluster, example_workload, get_model
 from traces.records import recommended_steps, steady_state, warm_steps
 from traces.workload import LengthDist
@@ -27,7 +29,7 @@ def test_a_target_no_simulated_plan_meets_is_refused_in_one_line() -> None:
     r = plan_report(cluster, workload, objective="cost", target=30.0, baselines=False, marginal=False, top_k=1)
     beyond = r.chosen.samples_per_s * 1.5  # what the plans found reach, with no round left to re-solve
     with pytest.raises(SpecError, match=r"no plan meets the target of .* in simulation: the best found reaches"):
-        _meet_target(CM, cluster, workload, r.ranked, None, beyond, 1, "auto", 2, 0, rounds=0)
+        meet_target(Search(CM, cluster, workload, "cost", None, beyond, "auto", 2, 0), r.ranked, 1, rounds=0)
 
 
 def _random_fleet(rng: random.Random) -> tuple[Cluster, Workload]:
