@@ -21,7 +21,7 @@ from planner.candidates import candidates
 from planner.explain import check_request, explain_empty, marginal_values
 from planner.frameworks import RULES, solver_for
 from planner.milp import Mode, Objective, solve
-from planner.rerank import explore_engines, meet_target, refine_trainer, without_slow_links
+from planner.rerank import climb, meet_target, without_slow_links
 from planner.scoring import Scored, Search
 from traces import Cluster, CostModel, Plan, Workload
 from traces.plan_check import count_problems
@@ -104,7 +104,7 @@ def plan_report(
         if deadline.hit:
             raise deadline.nothing_found()
         explain_empty(cm, cluster, workload, cand, mode, objective, budget, target, solver)
-    found += without_slow_links(search)
+    found += without_slow_links(search, top_k)
     t1 = time.perf_counter()
     with bar(len(found), "simulating the top plans", unit="plan") as progress:
         scored = [_tick(progress, search.score(f"top-{i + 1}", c, s)) for i, (c, s) in enumerate(found)]
@@ -112,12 +112,7 @@ def plan_report(
     if not ranked:
         raise deadline.nothing_found()
     if sim_steps > 0:
-        ranked = refine_trainer(search, ranked, refine) if refine > 0 else ranked
-        if explore > 0:
-            before = search.pick(ranked)
-            ranked = explore_engines(search, ranked, explore)
-            if refine > 0 and search.pick(ranked) is not before:  # a new engine mix: its trainer size again
-                ranked = refine_trainer(search, ranked, refine)
+        ranked = climb(search, ranked, refine, explore)
     if objective == "cost" and target is not None and sim_steps > 0:
         ranked = meet_target(search, ranked, top_k)
     chosen = search.pick(ranked)

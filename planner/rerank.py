@@ -28,18 +28,38 @@ ANY = -1  # a pool's engines may be of any TP
 NONE = 0  # a pool holds no engines
 
 
-def without_slow_links(search: Search) -> list[tuple[Candidates, Solution]]:
+def climb(search: Search, ranked: tuple[Scored, ...], refine: int, explore: int) -> tuple[Scored, ...]:
+    """The hill-climbs around the best plan of each candidate set (the fleet, and each network tier
+    of it): the trainer's size, then the engine mix, then the size again if the mix moved. Climbing
+    from each set's best (not only the overall best) makes the search of a fleet without its slow
+    nodes part of the search of the whole fleet."""
+    out = ranked
+    for cand in list(dict.fromkeys(id(s.cand) for s in ranked)):
+        mine = tuple(s for s in out if id(s.cand) == cand)
+        known = len(mine)
+        if refine > 0:
+            mine = refine_trainer(search, mine, refine)
+        if explore > 0:
+            before = search.pick(mine)
+            mine = explore_engines(search, mine, explore)
+            if refine > 0 and search.pick(mine) is not before:  # a new engine mix: its trainer size again
+                mine = refine_trainer(search, mine, refine)
+        out = out + mine[known:]  # the climbs return what they were given first, then what they found
+    return out
+
+
+def without_slow_links(search: Search, top_k: int) -> list[tuple[Candidates, Solution]]:
     """The best plan that leaves out the nodes below each network speed, one per speed tier.
 
-    Solving again without them makes the fleet's plan without its slow nodes always a candidate:
-    more nodes never make the plan worse."""
+    Solving again without them (top_k, as the fleet is solved) makes the fleet's plans without its
+    slow nodes always candidates: more nodes never make the plan worse."""
     speeds = sorted({g.inter_node_gb_per_s * 1e9 for g in search.cluster.node_groups}, reverse=True)
     out = []
     for floor in speeds[:-1]:
         if search.deadline.expired("the network-speed tiers"):
             break
         cand = candidates(search.cm, search.cluster, search.workload, min_link_bytes_per_s=floor)
-        found = search.solve(cand, search.workload.mode) if cand.trainers else []
+        found = search.solve(cand, search.workload.mode, top_k) if cand.trainers else []
         out += [(cand, s) for s in found]
     return out
 
