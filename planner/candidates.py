@@ -5,7 +5,9 @@ are engines of `tp` GPUs inside a node (tp divides the node size) whose KV cache
 full-length sample. An engine's steady-state samples/s (the cost model's, under the workload's
 lengths) grows with the samples it holds, concavely: decode iterations get longer as the batch
 grows. It is kept as a piecewise-linear curve up to the batch the KV cache allows, so the MILP can
-spread a bounded number of in-flight samples (AReaL's capacity rule) over engines.
+spread a bounded number of in-flight samples (AReaL's capacity rule) over engines. On-policy
+engines get one batch at a time, which thins out as samples finish: their curve is the drain rate
+(`drain_rates`), not the steady state.
 Trainer options take whole nodes of one pool (the rest of a node would be stranded), for every
 (dp, tp, pp, ZeRO stage, recomputation) that fits in memory; only the fastest per (pool, nodes) is
 kept, since the planner would never pick a slower one.
@@ -153,6 +155,7 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
     prompt, response = workload.prompt_len.expected(), workload.response_len.expected()
     square = workload.response_len.expected_square()
     context = prompt + square / (2 * response)  # mean context of a running sample
+    draws = np.sort(workload.response_len.sample(np.random.default_rng(0), DRAWS))
     out = []
     for pool in pools:
         for tp in _divisors(pool.per_node):
@@ -165,8 +168,11 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
             if full < 1:
                 continue
             points = np.unique(np.r_[2 ** np.arange(int(np.log2(full)) + 1), full])
-            rates = cm.generation_rate(pool.gpu, model, tp, prompt_mean=prompt, response_mean=response,
-                                       response_sq_mean=square, max_num_seqs=points).samples_per_s
+            if workload.mode == "async":
+                rates = cm.generation_rate(pool.gpu, model, tp, prompt_mean=prompt, response_mean=response,
+                                           response_sq_mean=square, max_num_seqs=points).samples_per_s
+            else:
+                rates = drain_rates(cm, pool.gpu, workload, tp, points, draws)
             widths = np.diff(np.r_[0, points]).astype(float)
             slopes = np.minimum.accumulate(np.diff(np.r_[0.0, rates]) / widths)  # keep the curve concave
             update: tuple[float, ...] = ()
@@ -178,6 +184,27 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
                                     tuple(zip(widths.tolist(), slopes.tolist(), strict=True)),
                                     _longest_sample_seconds(cm, pool.gpu, workload, tp), update))
     return out
+
+
+DRAWS = 4096  # seeded response draws for the on-policy drain curve
+
+
+def drain_rates(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, points: np.ndarray,
+                draws: np.ndarray) -> np.ndarray:
+    """On-policy samples/s of one engine handed n (`points`) samples at once: n / D(n), where the
+    drain D(n) = their prefill + the sum over decode positions k of one iteration with the
+    n S(k) samples still running (S: the response lengths' survival, from sorted seeded `draws`),
+    up to the expected longest of n. A steady-state rate would keep the batch full; a one-shot
+    batch thins out and ends on its longest sample alone."""
+    prompt = workload.prompt_len.expected()
+    n = points.astype(float)[:, None]
+    longest = np.quantile(draws, n[:, 0] / (n[:, 0] + 1))[:, None]  # E[max of n] ~ the n/(n+1) quantile
+    k = longest * np.linspace(0.0, 1.0, 65)[None, :]
+    running = np.maximum(1.0, n * (1 - np.searchsorted(draws, k, "right") / len(draws)))
+    it = np.asarray(cm.decode(gpu, workload.model, tp, running, prompt + k).seconds, dtype=float)
+    decode = ((it[:, 1:] + it[:, :-1]) / 2 * np.diff(k, axis=1)).sum(axis=1)
+    fill = np.asarray(cm.prefill(gpu, workload.model, tp, n[:, 0] * prompt, prompt).seconds, dtype=float)
+    return n[:, 0] / (decode + fill)
 
 
 def _longest_sample_seconds(cm: CostModel, gpu: GpuType, workload: Workload, tp: int) -> float:

@@ -21,7 +21,8 @@ at most FIXED_POINT_ROUNDS solves).
 On-policy plans alternate, so the step is a sum, B / G + T_k (or the longest sample, if longer),
 which is not linear. For a fixed trainer and a fixed slowest allowed engine type it grows with G, so
 they are solved exactly by enumerating both and maximising G in the MILP above (in flight: one
-batch). Colocated plans share one pool's GPUs and are enumerated outright.
+batch; each engine's curve its drain rate, planner.candidates.drain_rates: a one-shot batch thins
+out as its samples finish). Colocated plans share one pool's GPUs and are enumerated outright.
 """
 
 from __future__ import annotations
