@@ -31,7 +31,8 @@ def baselines(search: Search, chosen: Scored, budget: float) -> dict[str, Scored
     colo_cand = candidates(search.cm, search.cluster, colo_workload)
     colo = solve_colocated(colo_cand, budget=budget)
     if colo:
-        scored = search.score("colocated-sync", colo_cand, colo[0], workload=colo_workload, where="the baselines")
+        scored = search.score("colocated-sync", colo_cand, colo[0], workload=colo_workload, where="the baselines",
+                              counted=False)
         if scored is not None:
             out["colocated-sync"] = scored
     return out
@@ -54,7 +55,8 @@ def _best_homogeneous(search: Search, budget: float) -> Scored | None:
                              target=None)
         if not found:
             continue
-        scored = search.score(f"homogeneous {group.gpu_type}", cand, found[0], cluster=only, where="the baselines")
+        scored = search.score(f"homogeneous {group.gpu_type}", cand, found[0], cluster=only, where="the baselines",
+                              counted=False)
         if scored is not None and (best is None or scored.samples_per_s > best.samples_per_s):
             best = scored
     return best
@@ -79,4 +81,4 @@ def _fixed_split(search: Search, cand: Candidates, sol: Solution, rollout_share:
     if not found:
         return None
     return search.score(f"split {round(rollout_share * 100)}/{round((1 - rollout_share) * 100)}", cand, found[0],
-                        where="the baselines")
+                        where="the baselines", counted=False)

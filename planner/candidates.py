@@ -114,20 +114,32 @@ class Candidates:
     staleness: int
     sync_seconds: float  # the weight-sync estimate inside every trainer option's step (before placement)
 
-    mean_over_max_response: float = 1.0  # E[o] / E[longest o of a cohort of (eta + 1) B samples]
+    mean_over_max_response: float = 1.0  # E[o] / E[longest o of (eta + 1) B samples]
+    interruptible: bool = False  # engines take new weights mid-sample (else they drain first)
 
     @property
-    def in_flight_cap(self) -> float:
-        """Samples in flight the staleness rule lets engines keep busy.
+    def admitted_cap(self) -> float:
+        """AReaL's capacity rule: at most (eta + 1) B samples admitted and not yet trained."""
+        return float((self.staleness + 1) * self.samples_per_step)
 
-        AReaL's capacity rule admits at most (eta + 1) B. And a longest sample admitted at version v
-        must be trained by step v + eta: with a step period T = B / z it has max(eta, 1) T to finish,
-        while mean samples take E[o]/E[max o] of that time. By Little's law the samples in flight are
-        z x mean latency <= max(eta, 1) B E[o] / E[max o] (the longest of a cohort).
+    def in_flight_cap(self, step_seconds: float, rate: float) -> float:
+        """Samples in flight the staleness rule lets engines keep busy at `rate` samples/s, with a
+        trainer step (logprob, train and weight sync) of `step_seconds`.
+
+        A cohort admitted when version v is published (its engines start it once the weights are
+        in) must be trained by step v + eta, which can end no sooner than (eta + 1) periods T = B / z
+        after that publication, so its longest sample has W = (eta + 1) T - step_seconds to finish,
+        while a mean one takes E[o]/E[max o] of that time (traces.staleness; the simulator's trainer).
+        By Little's law the samples in flight are z x mean latency <= (E[o]/E[max o]) ((eta + 1) B
+        - z step_seconds), and never more than the capacity rule admits.
+        Engines that are not interruptible start a cohort only once their batch has drained and
+        the weights are in (the simulator's engine), which costs about one period of that window:
+        W = max(eta, 1) T, a cap of max(eta, 1) B E[o]/E[max o] that does not move with z.
         """
-        admitted = (self.staleness + 1) * self.samples_per_step
-        tail = max(self.staleness, 1) * self.samples_per_step * self.mean_over_max_response
-        return min(admitted, tail)
+        if not self.interruptible:
+            return min(self.admitted_cap, self.mean_over_max_response * max(self.staleness, 1) * self.samples_per_step)
+        tail = self.mean_over_max_response * ((self.staleness + 1) * self.samples_per_step - rate * step_seconds)
+        return max(0.0, min(self.admitted_cap, tail))
 
 
 def pools_of(cluster: Cluster) -> tuple[Pool, ...]:
@@ -289,7 +301,8 @@ def candidates(cm: CostModel, cluster: Cluster, workload: Workload, *, staleness
     eta = workload.staleness if staleness is None else staleness
     longest = expected_longest(workload.response_len, (eta + 1) * workload.samples_per_step)
     ratio = workload.response_len.expected() / longest
-    return Candidates(pools, tuple(engines), tuple(trainers), workload.samples_per_step, eta, sync, ratio)
+    return Candidates(pools, tuple(engines), tuple(trainers), workload.samples_per_step, eta, sync, ratio,
+                      workload.interruptible and workload.mode == "async")
 
 
 def expected_longest(dist: LengthDist, n: int, cohorts: int = 16) -> float:

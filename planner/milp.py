@@ -6,8 +6,9 @@ Asynchronous plans (generation and training overlap):
 
     max z  s.t.  z <= sum_rj slope_rj n_rj          generation: concave piecewise rate per engine
                  n_rj <= width_rj x_r               (engines equally loaded: the router water-fills)
-                 sum_rj n_rj <= N                   samples in flight under the staleness rule
-                                                    (Candidates.in_flight_cap: capacity and long tail)
+                 sum_rj n_rj <= (eta + 1) B          samples in flight under the capacity rule, and
+                 sum_rj n_rj + r T_k z <= r (eta + 1) B  for the chosen trainer k (big-M for the others):
+                                                    the long tail (Candidates.in_flight_cap, r = E[o]/E[max o])
                  z <= sum_k s_k y_k,  sum_k y_k = 1 training
                  per pool p: sum_{r in p} tp_r x_r + sum_{k in p} gpus_k y_k <= gpus_p
                  sum_r c_r x_r + sum_k c_k y_k <= budget           (optional, $/h)
@@ -106,13 +107,32 @@ def evaluate(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[Engi
     shared = mode == "colocated"
     cost = trainer.price_per_hour + (0.0 if shared else sum(o.price_per_hour * n for o, n in engines))
     if mode == "async":
-        gen = generation(engines, cand.in_flight_cap)
-        return min(gen, trainer.samples_per_s), gen, trainer.samples_per_s, math.inf, cost
+        rate = _async_rate(cand, trainer, engines)
+        gen = generation(engines, cand.in_flight_cap(trainer.step_seconds, rate))
+        return rate, gen, trainer.samples_per_s, math.inf, cost
     gen = generation(engines, batch)
     longest = max((o.tail_seconds for o, n in engines if n > 0), default=math.inf)
     switch = 2 * trainer.switch_seconds if shared else 0.0
     step = max(batch / gen, longest) + trainer.step_seconds + switch if gen > 0 else math.inf
     return batch / step, gen, trainer.samples_per_s, batch / longest, cost
+
+
+def _async_rate(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...]) -> float:
+    """The largest z with z <= training and z <= generation under the in-flight cap at z (which
+    falls as z grows: Candidates.in_flight_cap), by bisection: the MILP's optimum for this allocation."""
+    def short(z: float) -> bool:
+        return generation(engines, cand.in_flight_cap(trainer.step_seconds, z)) < z
+
+    hi = trainer.samples_per_s
+    if not short(hi):
+        return hi
+    lo = 0.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if short(mid) else (mid, hi)
+        if hi - lo <= 1e-12 * hi:
+            break
+    return lo
 
 
 # ---- asynchronous: one MILP ------------------------------------------------------------------
@@ -126,8 +146,8 @@ class _Model:
 
 
 def _build(cand: Candidates, objective: Objective, budget: float | None, target: float | None,
-           trainers: list[int], engines: list[int], relax: bool, in_flight: float, training: bool = True
-           ) -> _Model:
+           trainers: list[int], engines: list[int], relax: bool, in_flight: float, training: bool = True,
+           tail: bool = False) -> _Model:
     prob = pulp.LpProblem("rlfleet", pulp.LpMaximize if objective == "throughput" else pulp.LpMinimize)
     integer = pulp.LpContinuous if relax else pulp.LpInteger
     binary = pulp.LpContinuous if relax else pulp.LpBinary
@@ -148,7 +168,14 @@ def _build(cand: Candidates, objective: Objective, budget: float | None, target:
             prob += n <= width * x[r], f"seg{r}_{j}"
             flow.append((n, slope))
     prob += z <= pulp.lpSum(slope * n for n, slope in flow), "generation"
-    prob += pulp.lpSum(n for n, _ in flow) <= in_flight, "in_flight"
+    held = pulp.lpSum(n for n, _ in flow)
+    prob += held <= in_flight, "in_flight"
+    if tail:  # Candidates.in_flight_cap, per trainer k: held + r t_k z <= r (eta + 1) B, big-M off the chosen one
+        r, cap = cand.mean_over_max_response, cand.admitted_cap
+        top = max(cand.trainers[k].samples_per_s for k in trainers)  # z never exceeds it
+        for k in trainers:
+            t = cand.trainers[k].step_seconds
+            prob += held + r * t * z <= r * cap + (cap * (1 - r) + r * t * top) * (1 - y[k]), f"tail{k}"
     if training:  # on-policy plans price training outside the MILP
         prob += z <= pulp.lpSum(cand.trainers[k].samples_per_s * y[k] for k in trainers), "training"
     prob += pulp.lpSum(y.values()) == 1, "one_trainer"
@@ -239,11 +266,11 @@ def solve_async_fixed(cand: Candidates, objective: Objective = "throughput", *, 
     args = (cand, objective, budget, target, trainers, engines)
     lp_bound = math.nan
     if bound:
-        relaxed = _build(*args, relax=True, in_flight=cand.in_flight_cap)
+        relaxed = _build(*args, relax=True, in_flight=cand.in_flight_cap(0.0, 0.0), tail=cand.interruptible)
         relaxed.deadline = deadline
         if _solve(relaxed, solver_name, relax=True):
             lp_bound = float(relaxed.z.varValue if objective == "throughput" else pulp.value(relaxed.prob.objective))
-    model = _build(*args, relax=False, in_flight=cand.in_flight_cap)
+    model = _build(*args, relax=False, in_flight=cand.in_flight_cap(0.0, 0.0), tail=cand.interruptible)
     model.deadline = deadline
     out: list[Solution] = []
     for i in range(top_k):

@@ -77,8 +77,9 @@ class Search:
         return fn(cand, mode, objective or self.objective, budget, target, top_k, self.solver, deadline=self.deadline)
 
     def score(self, name: str, cand: Candidates, sol: Solution, *, cluster: Cluster | None = None,
-              workload: Workload | None = None, where: str = "re-ranking") -> Scored | None:
-        """Place, reprice and simulate one solution; None once the request's bounds stop simulating."""
+              workload: Workload | None = None, where: str = "re-ranking", counted: bool = True) -> Scored | None:
+        """Place, reprice and simulate one solution; None once the request's bounds stop simulating
+        (`counted=False`: the clock only, for the few baselines every report carries)."""
         cluster, workload = cluster or self.cluster, workload or self.workload
         plan = to_plan(cluster, workload, cand, sol)  # nodes only: repricing the sync does not move them
         sol = reprice_sync(self.cm, cluster, workload, cand, sol, plan)
@@ -88,9 +89,9 @@ class Search:
         if key in self._seen:
             old = self._seen[key]
             return Scored(name, plan, sol, old.simulated, cand)
-        if not self.deadline.may_simulate(where):
+        if not (self.deadline.may_simulate(where) if counted else not self.deadline.expired(where)):
             return None
-        self.deadline.simulated += 1
+        self.deadline.simulated += counted
         try:
             result = simulate(cluster, for_mode(workload, sol.mode), plan, self.cm, steps=self.sim_steps,
                               seed=self.seed, record_queue=False, wall_seconds=max(self.deadline.left(), 1.0))

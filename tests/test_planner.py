@@ -85,6 +85,18 @@ def test_async_milp_matches_brute_force(seed: int) -> None:
         assert found[0].lp_bound >= milp * (1 - 1e-9)  # the relaxation bounds the optimum
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_async_milp_with_the_interruptible_tail_window_matches_brute_force(seed: int) -> None:
+    """Interruptible engines: the tail's in-flight cap falls with z (one big-M row per trainer); the
+    MILP's optimum is still the enumerated one (milp.evaluate's bisection)."""
+    cluster, workload, budget = _random_instance(random.Random(200 + seed))
+    cand = candidates(CM, cluster, workload.model_copy(update={"interruptible": True, "staleness": 1 + seed % 3}))
+    assert cand.interruptible
+    found = solve_async_fixed(cand, budget=budget)
+    assert (found[0].samples_per_s if found else 0.0) == pytest.approx(_brute_force(cand, "async", budget),
+                                                                       rel=1e-6, abs=1e-9), (seed, cluster)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_sync_enumeration_matches_brute_force(seed: int) -> None:
     cluster, workload, budget = _random_instance(random.Random(100 + seed))

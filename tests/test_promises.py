@@ -165,7 +165,6 @@ def test_rollout_logprobs_skip_the_recompute_pass() -> None:
         assert train2 == train and lp2 == pytest.approx(lp * (0.5 if kl else 0.0))
 
 
-@pytest.mark.slow
 def test_a_100k_gpu_plan_never_loses_to_its_50_50_baseline() -> None:
     """Reported: a 100k-GPU plan lost to its own 50/50 split. 12,500 nodes (6,250 H800, 6,250 H20) and
     32,768 samples a step: the returned plan simulates at least as fast as every baseline it could
