@@ -129,7 +129,7 @@ def _count_moves(cand: Candidates, sol: Solution) -> list[Solution]:
     for o, n in sol.engines:
         counts[(o.pool, o.tp)] = counts.get((o.pool, o.tp), 0) + n
     out = []
-    for pool in {p for p, _ in counts}:
+    for pool in sorted({p for p, _ in counts}):
         tps = sorted(tp for p, tp in options if p == pool)
         for a, b in itertools.pairwise(tps):
             for src, dst in ((a, b), (b, a)):
