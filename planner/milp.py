@@ -7,8 +7,8 @@ Asynchronous plans (generation and training overlap):
     max z  s.t.  z <= sum_rj slope_rj n_rj          generation: concave piecewise rate per engine
                  n_rj <= width_rj x_r               (engines equally loaded: the router water-fills)
                  sum_rj n_rj <= (eta + 1) B          samples in flight under the capacity rule, and
-                 sum_rj n_rj + r T_k z <= r (eta + 1) B  for the chosen trainer k (big-M for the others):
-                                                    the long tail (Candidates.in_flight_cap, r = E[o]/E[max o])
+                 sum_rj n_rj + r sum_k T_k w_k <= r (eta + 1) B   interruptible engines' long tail, w_k = z y_k
+                 (sum_k w_k = z, w_k <= s_k y_k)    (Candidates.in_flight_cap, r = E[o]/E[max o])
                  z <= sum_k s_k y_k,  sum_k y_k = 1 training
                  per pool p: sum_{r in p} tp_r x_r + sum_{k in p} gpus_k y_k <= gpus_p
                  sum_r c_r x_r + sum_k c_k y_k <= budget           (optional, $/h)
@@ -170,12 +170,15 @@ def _build(cand: Candidates, objective: Objective, budget: float | None, target:
     prob += z <= pulp.lpSum(slope * n for n, slope in flow), "generation"
     held = pulp.lpSum(n for n, _ in flow)
     prob += held <= in_flight, "in_flight"
-    if tail:  # Candidates.in_flight_cap, per trainer k: held + r t_k z <= r (eta + 1) B, big-M off the chosen one
-        r, cap = cand.mean_over_max_response, cand.admitted_cap
-        top = max(cand.trainers[k].samples_per_s for k in trainers)  # z never exceeds it
+    if tail:  # Candidates.in_flight_cap: held + r T_k z <= r (eta + 1) B for the chosen trainer k, with
+        # w_k = z y_k exactly (sum w_k = z, w_k <= s_k y_k: one y_k is 1), tighter than a big-M row per trainer
+        w = {k: prob.add_variable(f"w{k}", 0, cand.trainers[k].samples_per_s) for k in trainers}
         for k in trainers:
-            t = cand.trainers[k].step_seconds
-            prob += held + r * t * z <= r * cap + (cap * (1 - r) + r * t * top) * (1 - y[k]), f"tail{k}"
+            prob += w[k] <= cand.trainers[k].samples_per_s * y[k], f"w{k}_on"
+        prob += pulp.lpSum(w.values()) == z, "w_sum"
+        r = cand.mean_over_max_response
+        prob += held + r * pulp.lpSum(cand.trainers[k].step_seconds * w[k] for k in trainers) \
+            <= r * cand.admitted_cap, "tail"
     if training:  # on-policy plans price training outside the MILP
         prob += z <= pulp.lpSum(cand.trainers[k].samples_per_s * y[k] for k in trainers), "training"
     prob += pulp.lpSum(y.values()) == 1, "one_trainer"
