@@ -1,9 +1,10 @@
 """Brute force, judged by the simulator: on small fleets the plan `plan` returns is within 2% of the
 best of every allocation (tests/allocations.py), each simulated as the planner simulates its own.
 
-One fleet runs in the fast suite: there the MILP's own answer (all TP1) is 4% short and only the
-engine-mix search (planner.rerank.explore_engines: a share of TP1 engines re-cut into a TP2) finds
-the best; the rest are slow-marked (tens of allocations each).
+Three fleets run in the fast suite, one of them where the MILP's own answer (all TP1) is 4% short
+and only the engine-mix search (planner.rerank.explore_engines: a share of TP1 engines re-cut into
+a TP2) finds the best; the issue's three fleets with the long-tailed 7B job are slow-marked (their
+7B simulations take a few seconds each).
 """
 
 from __future__ import annotations
@@ -54,14 +55,20 @@ def test_a_mixed_tp_fleet_is_found_where_the_milp_takes_tp1() -> None:
     assert plain.samples_per_s < 0.98 * best
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("groups", "job"), [
-    ((("H800", 1, 8), ("H20", 1, 8)), "qwen2.5-7b-grpo-longtail"),
-    ((("H800", 1, 8), ("H20", 2, 8)), "qwen2.5-7b-grpo-longtail"),
-    ((("H800", 1, 4), ("H20", 1, 4), ("L40S", 1, 4)), "qwen2.5-7b-grpo-longtail"),
     ((("H100", 1, 8), ("L40S", 1, 8)), "1.5b-tail"),
-    ((("H800", 1, 4), ("H20", 1, 4), ("L40S", 1, 4)), "7b-sync"),
+    ((("H800", 1, 4), ("H20", 1, 4), ("L40S", 1, 4)), "7b-sync"),  # 72 allocations, on-policy
 ])
 def test_the_plan_is_within_two_percent_of_the_simulated_best(groups: tuple[tuple[str, int, int], ...],
                                                              job: str) -> None:
     _within_two_percent(_fleet(*groups), _job(job))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("groups", [  # the issue's three fleets: 18, 133 and 72 allocations, 40-160 s each
+    (("H800", 1, 8), ("H20", 1, 8)),
+    (("H800", 1, 8), ("H20", 2, 8)),
+    (("H800", 1, 4), ("H20", 1, 4), ("L40S", 1, 4)),
+])
+def test_the_plan_is_within_two_percent_on_the_reported_fleets(groups: tuple[tuple[str, int, int], ...]) -> None:
+    _within_two_percent(_fleet(*groups), _job("qwen2.5-7b-grpo-longtail"))
