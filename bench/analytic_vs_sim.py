@@ -4,8 +4,9 @@ For N random fleets (2-3 GPU types, 16-64 GPUs, long-tailed or fixed lengths, as
 models), plans the MILP's best allocation, places it, reprices its weight sync on the placed links
 (as the planner does) and simulates it for warm-up + whole steady periods
 (traces.records.recommended_steps). Prints the ratio analytic / simulated per fleet, then the
-median and the worst (the further from 1, the more the MILP ranks plans on a wrong model).
-Usage: python bench/analytic_vs_sim.py [--fleets 50] [--seed 0] [--steps N]
+median and the worst (the further from 1, the more the MILP ranks plans on a wrong model), and the
+worst fleets again with their placed plans (trainer, engines), to find what the model misses.
+Usage: python bench/analytic_vs_sim.py [--fleets 50] [--seed 0] [--steps N] [--worst 8]
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def random_case(rng: random.Random) -> tuple[Cluster, Workload]:
     return Cluster(name="random", node_groups=groups), w
 
 
-def ratio(cm: CostModel, cluster: Cluster, w: Workload, steps: int | None) -> tuple[float, float, str] | None:
+def ratio(cm: CostModel, cluster: Cluster, w: Workload, steps: int | None) -> tuple[float, float, str, str] | None:
     cand = candidates(cm, cluster, w)
     found = solve(cand, w.mode, "throughput", None, None, 1, "auto")
     if not found:
@@ -53,7 +54,9 @@ def ratio(cm: CostModel, cluster: Cluster, w: Workload, steps: int | None) -> tu
     sol = reprice_sync(cm, cluster, w, cand, found[0], plan)
     n = steps or recommended_steps(w.staleness if w.mode == "async" else 0)
     r = simulate(cluster, w, plan, cm, steps=n, seed=0, record_queue=False)
-    return sol.samples_per_s, r.samples_per_s, sol.bottleneck
+    mix = " ".join(f"{g.instances}x{g.gpu_type}-tp{g.tp}" for g in plan.rollout)
+    placed = f"trainer {len(plan.trainer.nodes)} {plan.trainer.gpu_type} node(s); engines {mix}"
+    return sol.samples_per_s, r.samples_per_s, sol.bottleneck, placed
 
 
 def main() -> None:
@@ -61,9 +64,11 @@ def main() -> None:
     ap.add_argument("--fleets", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=None, help="trainer steps per simulation (default: recommended)")
+    ap.add_argument("--worst", type=int, default=8, help="print this many worst fleets with their plans")
     args = ap.parse_args()
     cm, rng = CostModel(), random.Random(args.seed)
     ratios: list[float] = []
+    rows: list[tuple[float, str, str, bool]] = []
     t0 = time.perf_counter()
     print(f"{'#':>3} {'types':<22} {'model':<13} {'mode':<5} {'eta':>3} {'lengths':<16} "
           f"{'analytic':>9} {'simulated':>9} {'ratio':>6} bottleneck")
@@ -72,14 +77,19 @@ def main() -> None:
         got = ratio(cm, cluster, w, args.steps)
         if got is None:
             continue
-        analytic, simulated, bottleneck = got
+        analytic, simulated, bottleneck, placed = got
         r = analytic / simulated if simulated > 0 else float("inf")
         ratios.append(r)
         types = "+".join(f"{g.nodes * g.gpus_per_node}{g.gpu_type}" for g in cluster.node_groups)
         rl = w.response_len
         lengths = f"{rl.kind} {rl.expected():.0f}/{rl.max}"
-        print(f"{i:>3} {types:<22} {w.model.name:<13} {w.mode:<5} {w.staleness:>3} {lengths:<16} "
-              f"{analytic:9.2f} {simulated:9.2f} {r:6.2f} {bottleneck}")
+        line = (f"{i:>3} {types:<22} {w.model.name:<13} {w.mode:<5} {w.staleness:>3} {lengths:<16} "
+                f"{analytic:9.2f} {simulated:9.2f} {r:6.2f} {bottleneck}")
+        print(line)
+        rows.append((abs(r - 1), line, placed, w.interruptible))
+    print(f"\nthe {args.worst} furthest from 1 (where the analytic model is wrong), with their plans:")
+    for _, line, placed, interruptible in sorted(rows, reverse=True)[:args.worst]:
+        print(f"{line}\n      {placed}; {'interruptible' if interruptible else 'not interruptible'}")
     off = [abs(r - 1) for r in ratios]
     print(f"\n{len(ratios)} fleets in {time.perf_counter() - t0:.0f} s: analytic/simulated median "
           f"{statistics.median(ratios):.3f}, median |ratio - 1| {statistics.median(off):.1%}, worst "

@@ -5,7 +5,9 @@ are engines of `tp` GPUs inside a node (tp divides the node size) whose KV cache
 full-length sample. An engine's steady-state samples/s (the cost model's, under the workload's
 lengths) grows with the samples it holds, concavely: decode iterations get longer as the batch
 grows. It is kept as a piecewise-linear curve up to the batch the KV cache allows, so the MILP can
-spread a bounded number of in-flight samples (AReaL's capacity rule) over engines.
+spread a bounded number of in-flight samples (AReaL's capacity rule) over engines. On-policy
+engines get one batch at a time, which thins out as samples finish: their curve is the drain rate
+(`drain_rates`), not the steady state.
 Trainer options take whole nodes of one pool (the rest of a node would be stranded), for every
 (dp, tp, pp, ep, ZeRO stage, recomputation) that fits in memory; only the fastest per (pool, nodes) is
 kept, since the planner would never pick a slower one.
@@ -119,25 +121,44 @@ class Candidates:
     sync_seconds: float  # the weight-sync estimate inside every trainer option's step (before placement)
 
     mean_over_max_response: float = 1.0  # E[o] / E[longest o of a cohort of (eta + 1) B samples]
+    interruptible: bool = False  # engines take new weights mid-sample (else they drain first)
     # dynamic sampling (traces.workload.DynamicSampling): samples generated per trained one, and how
     # far ahead of what the batch lacks generation may run
     generated_per_trained: float = 1.0
     oversample: float = 1.0
 
     @property
-    def in_flight_cap(self) -> float:
-        """Samples in flight the staleness rule lets engines keep busy.
+    def admitted_cap(self) -> float:
+        """AReaL's capacity rule: at most (eta + 1) B samples admitted and not yet trained."""
+        return float((self.staleness + 1) * self.samples_per_step)
 
-        AReaL's capacity rule admits at most (eta + 1) B. And a longest sample admitted at version v
-        must be trained by step v + eta: with a step period T = B / z it has max(eta, 1) T to finish,
-        while mean samples take E[o]/E[max o] of that time. By Little's law the samples in flight are
-        z x mean latency <= max(eta, 1) B E[o] / E[max o] (the longest of a cohort).
-        With dynamic sampling the samples in flight include those it will drop: oversample times
-        the admitted bound (traces.capacity), generated_per_trained times the tail's.
+    @property
+    def tail_ratio(self) -> float:
+        """E[o]/E[max o], times the samples generated per trained one (dynamic sampling drops the rest:
+        they are in flight too)."""
+        return self.mean_over_max_response * self.generated_per_trained
+
+    def in_flight_cap(self, step_seconds: float, rate: float) -> float:
+        """Samples in flight the staleness rule lets engines keep busy at `rate` samples/s, with a
+        trainer step (logprob, train and weight sync) of `step_seconds`.
+
+        A cohort admitted when version v is published (its engines start it once the weights are
+        in) must be trained by step v + eta, which can end no sooner than (eta + 1) periods T = B / z
+        after that publication, so its longest sample has W = (eta + 1) T - step_seconds to finish,
+        while a mean one takes E[o]/E[max o] of that time (traces.staleness; the simulator's trainer).
+        By Little's law the samples in flight are z x mean latency <= (E[o]/E[max o]) ((eta + 1) B
+        - z step_seconds), and never more than the capacity rule admits.
+        Engines that are not interruptible start a cohort only once their batch has drained and
+        the weights are in (the simulator's engine), which costs about one period of that window:
+        W = max(eta, 1) T, a cap of max(eta, 1) B E[o]/E[max o] that does not move with z.
+        With dynamic sampling the dropped samples are in flight too: the tail scales by the samples
+        generated per trained one (tail_ratio), the capacity rule by its oversample.
         """
-        admitted = (self.staleness + 1) * self.samples_per_step * self.oversample
-        tail = max(self.staleness, 1) * self.samples_per_step * self.mean_over_max_response * self.generated_per_trained
-        return min(admitted, tail)
+        admitted = self.admitted_cap * self.oversample  # dynamic sampling may run ahead (traces.capacity)
+        if not self.interruptible:
+            return min(admitted, self.tail_ratio * max(self.staleness, 1) * self.samples_per_step)
+        tail = self.tail_ratio * (self.admitted_cap - rate * step_seconds)
+        return max(0.0, min(admitted, tail))
 
 
 def pools_of(cluster: Cluster) -> tuple[Pool, ...]:
@@ -165,6 +186,7 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
     prompt, response = workload.prompt_len.expected(), workload.response_len.expected()
     square = workload.response_len.expected_square()
     context = prompt + square / (2 * response)  # mean context of a running sample
+    draws = np.sort(workload.response_len.sample(np.random.default_rng(0), DRAWS))
     out = []
     for pool in pools:
         for tp in _divisors(pool.per_node):
@@ -180,8 +202,11 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
                 if full < 1:
                     continue
                 points = np.unique(np.r_[2 ** np.arange(int(np.log2(full)) + 1), full])
-                rates = cm.generation_rate(pool.gpu, model, tp, prompt_mean=prompt, response_mean=response,
-                                           response_sq_mean=square, max_num_seqs=points, ep=ep).samples_per_s
+                if workload.mode == "async":
+                    rates = cm.generation_rate(pool.gpu, model, tp, prompt_mean=prompt, response_mean=response,
+                                               response_sq_mean=square, max_num_seqs=points, ep=ep).samples_per_s
+                else:
+                    rates = drain_rates(cm, pool.gpu, workload, tp, points, draws, ep)
                 rates = rates / workload.generated_per_trained  # trained samples/s: dynamic sampling drops the rest
                 widths = np.diff(np.r_[0, points]).astype(float)
                 slopes = np.minimum.accumulate(np.diff(np.r_[0.0, rates]) / widths)  # keep the curve concave
@@ -194,6 +219,27 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
                                         tuple(zip(widths.tolist(), slopes.tolist(), strict=True)),
                                         _longest_sample_seconds(cm, pool.gpu, workload, tp, ep), update, ep))
     return out
+
+
+DRAWS = 4096  # seeded response draws for the on-policy drain curve
+
+
+def drain_rates(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, points: np.ndarray,
+                draws: np.ndarray, ep: int = 1) -> np.ndarray:
+    """On-policy samples/s of one engine handed n (`points`) samples at once: n / D(n), where the
+    drain D(n) = their prefill + the sum over decode positions k of one iteration with the
+    n S(k) samples still running (S: the response lengths' survival, from sorted seeded `draws`),
+    up to the expected longest of n. A steady-state rate would keep the batch full; a one-shot
+    batch thins out and ends on its longest sample alone."""
+    prompt = workload.prompt_len.expected()
+    n = points.astype(float)[:, None]
+    longest = np.quantile(draws, n[:, 0] / (n[:, 0] + 1))[:, None]  # E[max of n] ~ the n/(n+1) quantile
+    k = longest * np.linspace(0.0, 1.0, 65)[None, :]
+    running = np.maximum(1.0, n * (1 - np.searchsorted(draws, k, "right") / len(draws)))
+    it = np.asarray(cm.decode(gpu, workload.model, tp, running, prompt + k, ep).seconds, dtype=float)
+    decode = ((it[:, 1:] + it[:, :-1]) / 2 * np.diff(k, axis=1)).sum(axis=1)
+    fill = np.asarray(cm.prefill(gpu, workload.model, tp, n[:, 0] * prompt, prompt, ep).seconds, dtype=float)
+    return n[:, 0] / (decode + fill)
 
 
 def _longest_sample_seconds(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, ep: int = 1) -> float:
@@ -284,7 +330,8 @@ def candidates(cm: CostModel, cluster: Cluster, workload: Workload, *, staleness
     ratio = workload.response_len.expected() / longest
     dapo = workload.dynamic_sampling
     return Candidates(pools, tuple(engines), tuple(trainers), workload.samples_per_step, eta, sync, ratio,
-                      workload.generated_per_trained, 1.0 if dapo is None else dapo.oversample)
+                      workload.interruptible and workload.mode == "async", workload.generated_per_trained,
+                      1.0 if dapo is None else dapo.oversample)
 
 
 def expected_longest(dist: LengthDist, n: int, cohorts: int = 16) -> float:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from planner.bounds import Deadline
 from planner.candidates import Candidates, EngineOption
 from planner.milp import Mode, Objective, Solution, solve
 
@@ -22,7 +23,7 @@ RULES = {
              "trainer's node size",
     "verl": "one rollout engine kind (one GPU type, one TP) on whole nodes",
 }
-Solver = Callable[[Candidates, Mode, Objective, "float | None", "float | None", int, str], list[Solution]]
+Solver = Callable[..., list[Solution]]  # planner.milp.solve's signature
 
 
 def _scaled(option: EngineOption, k: int) -> EngineOption:
@@ -44,9 +45,9 @@ def solver_for(framework: str) -> Solver:
         raise ValueError(f"unknown framework {framework!r}")
 
     def restricted(cand: Candidates, mode: Mode, objective: Objective, budget: float | None, target: float | None,
-                   top_k: int, solver_name: str = "auto") -> list[Solution]:
+                   top_k: int, solver_name: str = "auto", deadline: Deadline | None = None) -> list[Solution]:
         if mode == "colocated":  # already one engine kind on the trainer's whole nodes
-            return solve(cand, mode, objective, budget, target, top_k, solver_name)
+            return solve(cand, mode, objective, budget, target, top_k, solver_name, deadline)
         found: list[Solution] = []
         for option in cand.engines:
             if framework == "areal" and option.ep > 1:  # AReaL's rollout backend string has no EP
@@ -58,7 +59,7 @@ def solver_for(framework: str) -> Solver:
             if not trainers:
                 continue
             sub = dataclasses.replace(cand, engines=(_scaled(option, k),), trainers=trainers)
-            for s in solve(sub, mode, objective, budget, target, top_k, solver_name):
+            for s in solve(sub, mode, objective, budget, target, top_k, solver_name, deadline):
                 found.append(dataclasses.replace(s, engines=tuple((_unscaled(o, k), n * k) for o, n in s.engines)))
         if objective == "throughput":
             found.sort(key=lambda s: (-s.samples_per_s, s.cost_per_hour))

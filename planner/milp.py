@@ -6,8 +6,9 @@ Asynchronous plans (generation and training overlap):
 
     max z  s.t.  z <= sum_rj slope_rj n_rj          generation: concave piecewise rate per engine
                  n_rj <= width_rj x_r               (engines equally loaded: the router water-fills)
-                 sum_rj n_rj <= N                   samples in flight under the staleness rule
-                                                    (Candidates.in_flight_cap: capacity and long tail)
+                 sum_rj n_rj <= (eta + 1) B          samples in flight under the capacity rule, and
+                 sum_rj n_rj + r sum_k T_k w_k <= r (eta + 1) B   interruptible engines' long tail, w_k = z y_k
+                 (sum_k w_k = z, w_k <= s_k y_k)    (Candidates.in_flight_cap, r = E[o]/E[max o])
                  z <= sum_k s_k y_k,  sum_k y_k = 1 training
                  per pool p: sum_{r in p} tp_r x_r + sum_{k in p} gpus_k y_k <= gpus_p
                  sum_r c_r x_r + sum_k c_k y_k <= budget           (optional, $/h)
@@ -21,7 +22,8 @@ at most FIXED_POINT_ROUNDS solves).
 On-policy plans alternate, so the step is a sum, B / G + T_k (or the longest sample, if longer),
 which is not linear. For a fixed trainer and a fixed slowest allowed engine type it grows with G, so
 they are solved exactly by enumerating both and maximising G in the MILP above (in flight: one
-batch). Colocated plans share one pool's GPUs and are enumerated outright.
+batch; each engine's curve its drain rate, planner.candidates.drain_rates: a one-shot batch thins
+out as its samples finish). Colocated plans share one pool's GPUs and are enumerated outright.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Literal
 
 import pulp
 
+from planner.bounds import Deadline
 from planner.candidates import Candidates, EngineOption, TrainerOption
 from traces import SpecError
 
@@ -70,17 +73,18 @@ class Solution:
         return "generation" if g < t else "training"
 
 
-def solver(name: str = "auto", mip: bool = True) -> pulp.LpSolver:
+def solver(name: str = "auto", mip: bool = True, seconds: float = SOLVE_SECONDS) -> pulp.LpSolver:
     """HiGHS (via highspy) when installed, else PuLP's bundled CBC; `name` forces one."""
     if name not in ("auto", "highs", "cbc"):
         raise SpecError(f"unknown solver '{name}'; use auto, highs or cbc")
+    limit = max(1, min(SOLVE_SECONDS, round(seconds)))
     if name in ("auto", "highs"):
-        highs = pulp.HiGHS(mip=mip, msg=False, timeLimit=SOLVE_SECONDS, gapRel=1e-7)
+        highs = pulp.HiGHS(mip=mip, msg=False, timeLimit=limit, gapRel=1e-7)
         if highs.available():
             return highs
         if name == "highs":
             raise SpecError("solver 'highs' is not installed (pip install highspy); use --solver cbc")
-    return pulp.PULP_CBC_CMD(mip=mip, msg=False, timeLimit=SOLVE_SECONDS, gapRel=1e-7)
+    return pulp.PULP_CBC_CMD(mip=mip, msg=False, timeLimit=limit, gapRel=1e-7)
 
 
 # ---- the analytic model, shared by the MILP's read-back and by brute force --------------------
@@ -103,13 +107,32 @@ def evaluate(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[Engi
     shared = mode == "colocated"
     cost = trainer.price_per_hour + (0.0 if shared else sum(o.price_per_hour * n for o, n in engines))
     if mode == "async":
-        gen = generation(engines, cand.in_flight_cap)
-        return min(gen, trainer.samples_per_s), gen, trainer.samples_per_s, math.inf, cost
+        rate = _async_rate(cand, trainer, engines)
+        gen = generation(engines, cand.in_flight_cap(trainer.step_seconds, rate))
+        return rate, gen, trainer.samples_per_s, math.inf, cost
     gen = generation(engines, batch)
     longest = max((o.tail_seconds for o, n in engines if n > 0), default=math.inf)
     switch = 2 * trainer.switch_seconds if shared else 0.0
     step = max(batch / gen, longest) + trainer.step_seconds + switch if gen > 0 else math.inf
     return batch / step, gen, trainer.samples_per_s, batch / longest, cost
+
+
+def _async_rate(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...]) -> float:
+    """The largest z with z <= training and z <= generation under the in-flight cap at z (which
+    falls as z grows: Candidates.in_flight_cap), by bisection: the MILP's optimum for this allocation."""
+    def short(z: float) -> bool:
+        return generation(engines, cand.in_flight_cap(trainer.step_seconds, z)) < z
+
+    hi = trainer.samples_per_s
+    if not short(hi):
+        return hi
+    lo = 0.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if short(mid) else (mid, hi)
+        if hi - lo <= 1e-12 * hi:
+            break
+    return lo
 
 
 # ---- asynchronous: one MILP ------------------------------------------------------------------
@@ -119,11 +142,12 @@ class _Model:
     x: dict[int, pulp.LpVariable]
     y: dict[int, pulp.LpVariable]
     z: pulp.LpVariable
+    deadline: Deadline | None = None  # the request's clock: no solve runs past it
 
 
 def _build(cand: Candidates, objective: Objective, budget: float | None, target: float | None,
-           trainers: list[int], engines: list[int], relax: bool, in_flight: float, training: bool = True
-           ) -> _Model:
+           trainers: list[int], engines: list[int], relax: bool, in_flight: float, training: bool = True,
+           tail: bool = False) -> _Model:
     prob = pulp.LpProblem("rlfleet", pulp.LpMaximize if objective == "throughput" else pulp.LpMinimize)
     integer = pulp.LpContinuous if relax else pulp.LpInteger
     binary = pulp.LpContinuous if relax else pulp.LpBinary
@@ -144,7 +168,17 @@ def _build(cand: Candidates, objective: Objective, budget: float | None, target:
             prob += n <= width * x[r], f"seg{r}_{j}"
             flow.append((n, slope))
     prob += z <= pulp.lpSum(slope * n for n, slope in flow), "generation"
-    prob += pulp.lpSum(n for n, _ in flow) <= in_flight, "in_flight"
+    held = pulp.lpSum(n for n, _ in flow)
+    prob += held <= in_flight, "in_flight"
+    if tail:  # Candidates.in_flight_cap: held + r T_k z <= r (eta + 1) B for the chosen trainer k, with
+        # w_k = z y_k exactly (sum w_k = z, w_k <= s_k y_k: one y_k is 1), tighter than a big-M row per trainer
+        w = {k: prob.add_variable(f"w{k}", 0, cand.trainers[k].samples_per_s) for k in trainers}
+        for k in trainers:
+            prob += w[k] <= cand.trainers[k].samples_per_s * y[k], f"w{k}_on"
+        prob += pulp.lpSum(w.values()) == z, "w_sum"
+        r = cand.tail_ratio
+        prob += held + r * pulp.lpSum(cand.trainers[k].step_seconds * w[k] for k in trainers) \
+            <= r * cand.admitted_cap, "tail"
     if training:  # on-policy plans price training outside the MILP
         prob += z <= pulp.lpSum(cand.trainers[k].samples_per_s * y[k] for k in trainers), "training"
     prob += pulp.lpSum(y.values()) == 1, "one_trainer"
@@ -160,8 +194,9 @@ def _build(cand: Candidates, objective: Objective, budget: float | None, target:
 
 
 def _solve(model: _Model, solver_name: str, relax: bool) -> bool:
+    seconds = model.deadline.left() if model.deadline is not None else SOLVE_SECONDS
     with _quiet_stdout():  # highspy prints a banner on stdout before PuLP can silence it
-        status = model.prob.solve(solver(solver_name, mip=not relax))
+        status = model.prob.solve(solver(solver_name, mip=not relax, seconds=seconds))
     return pulp.LpStatus[status] == "Optimal" and model.z.varValue is not None
 
 
@@ -200,15 +235,18 @@ def _chosen(cand: Candidates, model: _Model) -> tuple[int, tuple[tuple[EngineOpt
 
 
 def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget: float | None = None,
-                target: float | None = None, top_k: int = 1, solver_name: str = "auto") -> list[Solution]:
+                target: float | None = None, top_k: int = 1, solver_name: str = "auto",
+                deadline: Deadline | None = None) -> list[Solution]:
     """solve_async_fixed with the interruptible-update derating at its fixed point."""
+    kw = {"budget": budget, "target": target, "solver_name": solver_name, "deadline": deadline}
     if not any(o.update_seconds for o in cand.engines):
-        return solve_async_fixed(cand, objective, budget=budget, target=target, top_k=top_k, solver_name=solver_name)
+        return solve_async_fixed(cand, objective, top_k=top_k, **kw)  # type: ignore[arg-type]
     period, last = math.inf, 0.0
     for _ in range(FIXED_POINT_ROUNDS):
+        if deadline is not None and deadline.expired("the interruptible fixed point"):
+            break
         derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
-        top = solve_async_fixed(derated, objective, budget=budget, target=target, top_k=1, solver_name=solver_name,
-                                bound=False)
+        top = solve_async_fixed(derated, objective, top_k=1, bound=False, **kw)  # type: ignore[arg-type]
         if not top:
             break
         rate = top[0].samples_per_s
@@ -216,12 +254,12 @@ def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget
             break
         period, last = cand.samples_per_step / rate, rate
     derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
-    return solve_async_fixed(derated, objective, budget=budget, target=target, top_k=top_k, solver_name=solver_name)
+    return solve_async_fixed(derated, objective, top_k=top_k, **kw)  # type: ignore[arg-type]
 
 
 def solve_async_fixed(cand: Candidates, objective: Objective = "throughput", *, budget: float | None = None,
-                      target: float | None = None, top_k: int = 1, solver_name: str = "auto", bound: bool = True
-                      ) -> list[Solution]:
+                      target: float | None = None, top_k: int = 1, solver_name: str = "auto", bound: bool = True,
+                      deadline: Deadline | None = None) -> list[Solution]:
     """The best `top_k` distinct solutions, each a different trainer option (no-good cuts on y).
 
     `bound=False` skips the LP relaxation (the fixed point's intermediate rounds need no bound)."""
@@ -231,12 +269,16 @@ def solve_async_fixed(cand: Candidates, objective: Objective = "throughput", *, 
     args = (cand, objective, budget, target, trainers, engines)
     lp_bound = math.nan
     if bound:
-        relaxed = _build(*args, relax=True, in_flight=cand.in_flight_cap)
+        relaxed = _build(*args, relax=True, in_flight=cand.in_flight_cap(0.0, 0.0), tail=cand.interruptible)
+        relaxed.deadline = deadline
         if _solve(relaxed, solver_name, relax=True):
             lp_bound = float(relaxed.z.varValue if objective == "throughput" else pulp.value(relaxed.prob.objective))
-    model = _build(*args, relax=False, in_flight=cand.in_flight_cap)
+    model = _build(*args, relax=False, in_flight=cand.in_flight_cap(0.0, 0.0), tail=cand.interruptible)
+    model.deadline = deadline
     out: list[Solution] = []
     for i in range(top_k):
+        if i and deadline is not None and deadline.expired("the top-k solutions"):
+            break
         if not _solve(model, solver_name, relax=False):
             break
         k, chosen = _chosen(cand, model)
@@ -249,10 +291,12 @@ def solve_async_fixed(cand: Candidates, objective: Objective = "throughput", *, 
 
 # ---- on-policy: enumerate, then the MILP for the engines ---------------------------------------
 def solve_sync(cand: Candidates, objective: Objective = "throughput", *, budget: float | None = None,
-               target: float | None = None, top_k: int = 1, solver_name: str = "auto") -> list[Solution]:
+               target: float | None = None, top_k: int = 1, solver_name: str = "auto",
+               deadline: Deadline | None = None) -> list[Solution]:
     """Disaggregated on-policy: for each trainer and each slowest allowed engine, the best engines.
 
     Pairs that cannot beat the best found so far (by a cheap bound) are skipped unless top_k needs them.
+    The request's bounds (`deadline`) stop the enumeration; the best found by then is returned.
     """
     batch = cand.samples_per_step
     if not cand.engines:
@@ -260,9 +304,12 @@ def solve_sync(cand: Candidates, objective: Objective = "throughput", *, budget:
     tails = sorted({o.tail_seconds for o in cand.engines})
     g_max = batch * max(o.segments[0][1] for o in cand.engines)  # no engine mix beats its best slope
     found: list[Solution] = []
+    solves = 0
     for k in sorted(range(len(cand.trainers)), key=lambda k: cand.trainers[k].step_seconds):
         t = cand.trainers[k]
         for longest in tails:
+            if deadline is not None and not deadline.may_solve("the on-policy enumeration", solves):
+                return _best(found, objective, top_k, budget, target)
             if len(found) >= top_k and _pruned(found, objective, top_k, batch / (max(batch / g_max, longest)
                                                                              + t.step_seconds), t.price_per_hour):
                 continue
@@ -275,6 +322,7 @@ def solve_sync(cand: Candidates, objective: Objective = "throughput", *, budget:
             allowed = [r for r, o in enumerate(cand.engines) if o.tail_seconds <= longest]
             model = _build(cand, objective, budget, need, [k], allowed, relax=False, in_flight=batch,
                            training=False)
+            model.deadline, solves = deadline, solves + 1
             if not _solve(model, solver_name, relax=False):
                 continue
             _, engines = _chosen(cand, model)
@@ -318,10 +366,11 @@ def _best(found: list[Solution], objective: Objective, top_k: int, budget: float
 
 
 def solve(cand: Candidates, mode: Mode, objective: Objective, budget: float | None, target: float | None,
-          top_k: int, solver_name: str = "auto") -> list[Solution]:
+          top_k: int, solver_name: str = "auto", deadline: Deadline | None = None) -> list[Solution]:
     """The best `top_k` plans of a mode: the async MILP, or the exact on-policy enumerations."""
+    kw = {"budget": budget, "target": target, "top_k": top_k, "solver_name": solver_name, "deadline": deadline}
     if mode == "async":
-        return solve_async(cand, objective, budget=budget, target=target, top_k=top_k, solver_name=solver_name)
+        return solve_async(cand, objective, **kw)  # type: ignore[arg-type]
     if mode == "sync":
-        return solve_sync(cand, objective, budget=budget, target=target, top_k=top_k, solver_name=solver_name)
+        return solve_sync(cand, objective, **kw)  # type: ignore[arg-type]
     return solve_colocated(cand, objective, budget=budget, target=target, top_k=top_k)

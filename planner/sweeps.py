@@ -11,11 +11,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from planner.api import _score, plan_report
+from planner.api import plan_report
+from planner.bounds import Deadline
 from planner.candidates import candidates
 from planner.explain import explain_empty
 from planner.milp import solve
 from planner.placement import to_plan
+from planner.scoring import Search
 from traces import Cluster, CostModel, NodeGroup, Plan, SpecError, Workload
 from traces.io import validate
 from traces.progress import bar
@@ -36,6 +38,8 @@ def pareto(cluster: Cluster, workload: Workload, *, points: int = 8, cost_model:
     top = solve(cand, workload.mode, "throughput", None, None, 1, solver)
     if not top:
         explain_empty(cm, cluster, workload, cand, workload.mode, "throughput", None, None, solver)
+    search = Search(cm, cluster, workload, "cost", None, None, solver, sim_steps, seed,
+                    deadline=Deadline(simulations=points))  # each point simulated once, under one clock
     rows = []
     for frac in _tick_all(np.linspace(0.1, 1.0, points), "pareto sweep"):
         target = float(frac * top[0].samples_per_s) * (1 - 1e-6)
@@ -44,9 +48,9 @@ def pareto(cluster: Cluster, workload: Workload, *, points: int = 8, cost_model:
             s = found[0]
             row = {"target": target, "samples_per_s": s.samples_per_s, "cost_per_hour": s.cost_per_hour,
                    "cost_per_1k_samples": s.cost_per_hour / 3.6 / s.samples_per_s, "gap": s.gap}
-            if sim_steps > 0:
-                row["simulated_samples_per_s"] = _score("pareto", cm, cluster, workload, cand, s, sim_steps,
-                                                        seed).samples_per_s
+            scored = search.score("pareto", cand, s, where="the pareto sweep") if sim_steps > 0 else None
+            if scored is not None:
+                row["simulated_samples_per_s"] = scored.samples_per_s
             rows.append({**row, **_gpu_columns(to_plan(cluster, workload, cand, s))})
     return pd.DataFrame(rows).fillna(0)
 

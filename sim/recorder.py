@@ -34,6 +34,7 @@ class Recorder:
     trained: list[np.ndarray] = field(default_factory=list)  # the ids each step trained
     events: int = 0
     deadline: float = field(default_factory=lambda: time.monotonic() + MAX_WALL_SECONDS)
+    wall_seconds: float = MAX_WALL_SECONDS  # the bound `deadline` stands for (the message names it)
     _next_clock_check: int = 4096
     # intervals filed as arrays: (resource, group, activity, starts, ends, version, samples)
     chunks: list[tuple[str, str, str, np.ndarray, np.ndarray, int, np.ndarray]] = field(default_factory=list)
@@ -45,6 +46,12 @@ class Recorder:
     _fleet_summed: int = 0  # fleet_chunks already in _busy
     _busy_parts: dict[str, list[float | np.ndarray]] = field(default_factory=dict)  # not summed yet
 
+    @classmethod
+    def bounded(cls, wall_seconds: float) -> Recorder:
+        """A recorder whose run stops after `wall_seconds` (at most MAX_WALL_SECONDS)."""
+        wall = min(wall_seconds, MAX_WALL_SECONDS)
+        return cls(deadline=time.monotonic() + wall, wall_seconds=wall)
+
     def count(self, n: int = 1) -> None:
         """n more simulation events; stops a run that outgrows its budget."""
         self.events += n
@@ -53,7 +60,7 @@ class Recorder:
         if self.events >= self._next_clock_check:  # the wall clock, every few thousand events
             self._next_clock_check = self.events + 4096
             if time.monotonic() > self.deadline:
-                raise SpecError(f"simulation ran past {MAX_WALL_SECONDS:.0f} s; "
+                raise SpecError(f"simulation ran past {self.wall_seconds:g} s; "
                                 "simulate fewer steps or a smaller batch")
 
     def interval(self, resource: str, group: str, activity: str, start: float, end: float, version: int,

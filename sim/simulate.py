@@ -91,15 +91,17 @@ def _step_costs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan
 
 def simulate(
     cluster: Cluster, workload: Workload, plan: Plan, cost_model: CostModel | None = None, *, steps: int = 10,
-    seed: int = 0, token_level: bool = False, record_queue: bool = True,
+    seed: int = 0, token_level: bool = False, record_queue: bool = True, wall_seconds: float | None = None,
 ) -> SimResult:
-    """Simulate `plan` running `workload` on `cluster` until the trainer finishes `steps` steps."""
+    """Simulate `plan` running `workload` on `cluster` until the trainer finishes `steps` steps.
+
+    `wall_seconds` lowers the run's wall-clock bound (a planner's request has its own clock)."""
     if steps < 1:
         raise SpecError(f"steps must be at least 1, got {steps}")
     # the token-level reference keeps the collector on: its per-sample objects make cycles, hundreds
     # of thousands per step
     with nullcontext() if token_level else _cycle_collector_paused():
-        return _simulate(cluster, workload, plan, cost_model, steps, seed, token_level, record_queue)
+        return _simulate(cluster, workload, plan, cost_model, steps, seed, token_level, record_queue, wall_seconds)
 
 
 @contextmanager
@@ -121,11 +123,11 @@ def _cycle_collector_paused() -> Iterator[None]:
 
 
 def _simulate(cluster: Cluster, workload: Workload, plan: Plan, cost_model: CostModel | None, steps: int, seed: int,
-              token_level: bool, record_queue: bool) -> SimResult:
+              token_level: bool, record_queue: bool, wall_seconds: float | None) -> SimResult:
     cm = cost_model or CostModel()
     check_plan(cluster, workload, plan)
     env = simpy.Environment()
-    rec = Recorder()
+    rec = Recorder() if wall_seconds is None else Recorder.bounded(wall_seconds)
     batch = workload.samples_per_step
     eta = plan.staleness  # Plan guarantees 0 outside async mode
     chunk = batch // workload.stream_chunks if workload.stream_chunks > 1 else 0

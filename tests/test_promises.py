@@ -6,7 +6,9 @@ import random
 
 import pytest
 
-from planner.api import _meet_target, plan_report, within
+from planner.api import plan_report, within
+from planner.rerank import meet_target
+from planner.scoring import Search
 from traces import Cluster, CostModel, SpecError, Workload, example_cluster, example_workload, get_model
 from traces.records import recommended_steps, steady_state, warm_steps
 from traces.workload import LengthDist
@@ -27,7 +29,7 @@ def test_a_target_no_simulated_plan_meets_is_refused_in_one_line() -> None:
     r = plan_report(cluster, workload, objective="cost", target=30.0, baselines=False, marginal=False, top_k=1)
     beyond = r.chosen.samples_per_s * 1.5  # what the plans found reach, with no round left to re-solve
     with pytest.raises(SpecError, match=r"no plan meets the target of .* in simulation: the best found reaches"):
-        _meet_target(CM, cluster, workload, r.ranked, None, beyond, 1, "auto", 2, 0, rounds=0)
+        meet_target(Search(CM, cluster, workload, "cost", None, beyond, "auto", 2, 0), r.ranked, 1, rounds=0)
 
 
 def _random_fleet(rng: random.Random) -> tuple[Cluster, Workload]:
@@ -161,3 +163,24 @@ def test_rollout_logprobs_skip_the_recompute_pass() -> None:
         lp2, train2 = trainer_step_seconds(CM, h800, w.model_copy(update={"rollout_logprobs": True}), 8, 1, 1,
                                            100_000, **kw)
         assert train2 == train and lp2 == pytest.approx(lp * (0.5 if kl else 0.0))
+
+
+def test_a_100k_gpu_plan_never_loses_to_its_50_50_baseline() -> None:
+    """Reported: a 100k-GPU plan lost to its own 50/50 split. 12,500 nodes (6,250 H800, 6,250 H20) and
+    32,768 samples a step: the returned plan simulates at least as fast as every baseline it could
+    run here, the 50/50 split among them (one MILP solution, no hill-climbs: the promise holds
+    without them)."""
+    cluster = Cluster(name="100k", node_groups=({"gpu_type": "H800", "nodes": 6250, "gpus_per_node": 8},
+                                                {"gpu_type": "H20", "nodes": 6250, "gpus_per_node": 8}))
+    assert cluster.total_gpus == 100_000
+    workload = Workload(model=get_model("qwen2.5-7b"), prompts_per_step=2048, group_size=16,
+                        prompt_len=LengthDist(kind="uniform", low=64, high=512),
+                        response_len=LengthDist(kind="lognormal", mean=1000, sigma=0.8, cap=4096), staleness=2)
+    r = plan_report(cluster, workload, top_k=1, refine=0, explore=0, marginal=False)
+    split = r.baselines["split-50/50"]
+    assert split.simulated is not None and within(cluster, split.plan)
+    assert r.chosen.samples_per_s >= split.samples_per_s, (r.chosen.samples_per_s, split.samples_per_s)
+    for name, b in r.baselines.items():
+        if b.plan.mode == r.plan.mode and within(cluster, b.plan):
+            assert r.chosen.samples_per_s >= b.samples_per_s, name
+    assert within(cluster, r.plan) and r.plan.mode == "async"

@@ -7,6 +7,7 @@ import math
 import sys
 from typing import Any
 
+from planner.bounds import MAX_SIMULATIONS, PLAN_SECONDS
 from planner.commands.args import add_profile_arg, cost_model, emit, non_negative_seed, positive_float, positive_int
 from planner.exports import summary, summary_lines
 from traces import load_cluster, load_workload
@@ -30,6 +31,11 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=non_negative_seed, default=0, help="simulation seed (default 0)")
     p.add_argument("--solver", choices=("auto", "highs", "cbc"), default="auto", help="MILP solver (default auto)")
     p.add_argument("--no-baselines", action="store_true", help="skip planning and simulating the baselines")
+    p.add_argument("--max-seconds", type=positive_float, default=PLAN_SECONDS,
+                   help=f"wall-clock bound of the whole search (default {PLAN_SECONDS:g}); the best plan found by "
+                        "then is returned, with a note")
+    p.add_argument("--max-simulations", type=positive_int, default=MAX_SIMULATIONS,
+                   help=f"plans simulated at most (default {MAX_SIMULATIONS})")
     p.add_argument("--framework", choices=("areal", "verl"),
                    help="search only plans this framework launches as they are (one rollout engine kind on whole "
                         "nodes), so `rlfleet export` writes exactly the simulated plan; compared with the free plan")
@@ -58,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write("planning: solving the MILP, then simulating the top plans and baselines...\n")
     report = plan_report(cluster, workload, objective=args.objective, budget=args.budget, target=args.target,
                          top_k=args.top_k, solver=args.solver, sim_steps=args.sim_steps, seed=args.seed,
-                         baselines=not args.no_baselines, cost_model=cost_model(args), framework=args.framework)
+                         baselines=not args.no_baselines, cost_model=cost_model(args), framework=args.framework,
+                         max_seconds=args.max_seconds, max_simulations=args.max_simulations)
     if args.out:
         report.plan.save(args.out)
     result = {**report.summary(), "exports": summary(report.plan, cluster, workload),
@@ -103,6 +110,7 @@ def _lines(report: Any, summary: dict[str, Any], args: argparse.Namespace) -> li
             beyond = "" if summary["baselines_within_fleet"][name] else ", more GPUs than this fleet has"
             lines.append(f"  {name:<16} {b.samples_per_s:8.2f} samples/s  ${b.solution.cost_per_hour:8.2f}/h  "
                          f"plan is {ratio:.2f}x  ({gpus}{beyond})")
+    lines += [f"note: {note}" for note in report.notes]
     lines += summary_lines(summary["exports"], args.out, args.cluster, args.workload)
     if args.out:
         lines.append(f"plan -> {args.out}")
