@@ -14,9 +14,9 @@ from typing import Any
 
 from transformers import PreTrainedModel
 
+from runtime.contracts import Tokenizer
 from runtime.engine import Completion, Request
 from runtime.engine_worker import EngineStatus, EngineWorker
-from runtime.model import CharTokenizer
 from runtime.placement import Group
 from runtime.ray_futures import gather
 from runtime.settings import MAX_ENGINE_RESTARTS, SYNC_TIMEOUT_S
@@ -62,7 +62,7 @@ class EngineHandle:
         return self.actor.step.remote(requests)
 
 
-def engine_spawner(groups: Sequence[Group], model: PreTrainedModel | str, tokenizer: CharTokenizer, seed: int,
+def engine_spawner(groups: Sequence[Group], model: PreTrainedModel | str, tokenizer: Tokenizer, seed: int,
                    max_batch: int, interruptible: bool) -> Spawn:
     """`spawn(index, restart)`: an engine actor on slot `index` (its group's bundle), seeded per restart."""
     import ray
@@ -89,7 +89,7 @@ def join_sync_group(trainer: Any, engines: Sequence[Any], host: str, port: int, 
             *(a.join_sync.remote(host, port, r + 1, world, bucket_bytes, timeout_s) for r, a in enumerate(engines))]
 
 
-def start_fleet(groups: Sequence[Group], model: PreTrainedModel | str, tokenizer: CharTokenizer,
+def start_fleet(groups: Sequence[Group], model: PreTrainedModel | str, tokenizer: Tokenizer,
                 train: TrainConfig, seed: int, max_batch: int, interruptible: bool,
                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = SYNC_TIMEOUT_S,
                 spawn: Spawn | None = None) -> tuple[list[EngineHandle], list[Any]]:
@@ -111,7 +111,7 @@ def start_fleet(groups: Sequence[Group], model: PreTrainedModel | str, tokenizer
     return handles, ranks
 
 
-def start_actors(groups: Sequence[Group], model: PreTrainedModel | str, tokenizer: CharTokenizer,
+def start_actors(groups: Sequence[Group], model: PreTrainedModel | str, tokenizer: Tokenizer,
                  train: TrainConfig, seed: int, max_batch: int, interruptible: bool,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = SYNC_TIMEOUT_S
                  ) -> tuple[list[EngineHandle], Any]:

@@ -20,20 +20,19 @@ from typing import Any
 
 import torch
 
+from runtime.contracts import Task, Tokenizer
 from runtime.controller import Controller, LoopConfig
 from runtime.engine import RolloutEngine, TorchEngine
-from runtime.model import CharTokenizer
 from runtime.records import RunRecorder
 from runtime.run_result import Finished
 from runtime.run_setup import RunSetup
-from runtime.task import AdditionTask
 from runtime.trainer import StepStats, Trainer
 
 
 class AsyncLoop:
     """The controller driven in one process: a deterministic round-robin over engines and trainer."""
 
-    def __init__(self, task: AdditionTask, tokenizer: CharTokenizer, engines: list[RolloutEngine], trainer: Trainer,
+    def __init__(self, task: Task, tokenizer: Tokenizer, engines: list[RolloutEngine], trainer: Trainer,
                  config: LoopConfig, seed: int = 0, out_dir: Path | None = None,
                  clock: Callable[[], float] = time.perf_counter,
                  progress: Callable[[dict[str, Any]], None] | None = None,

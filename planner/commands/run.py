@@ -10,6 +10,11 @@ stopped early, or one to extend with more `--steps`). A folder without a checkpo
 another plan, task or seed, is refused in one line (exit 2). A dead rollout engine is replaced
 without stopping the run; a dead trainer stops it with one line (exit 1) naming the checkpoint.
 
+`--model DIR --dataset FILE` trains a local Hugging Face causal LM (with its tokenizer and chat
+template) on a JSONL or parquet data set instead of the toy, scored by `--reward` (math, addition or
+module:function); runtime.task_factory builds it. `python -m runtime.tiny_hf DIR` writes a tiny model
+to try it with, and runtime/data/arith_word.jsonl is a small data set.
+
 A plan whose trainer has dp > 1 trains on that many data-parallel ranks (Ray actors, runtime.parallel);
 dp must divide the step's 16 prompts (GRPO groups), and --local, one process, refuses it.
 """
@@ -22,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from planner.commands.args import add_profile_arg, cost_model, emit, non_negative_seed, positive_int
+from planner.commands.args import add_profile_arg, cost_model, emit, non_negative_seed, positive_float, positive_int
 from planner.commands.fidelity import lines as fidelity_lines
 from sim.fidelity import Fidelity, predict_run
 from traces import CostModel, ModelSpec, Plan, SpecError, example_cluster, get_model, load_cluster, load_plan
@@ -46,6 +51,19 @@ def register(sub: Any) -> None:
                    "(same plan, task and seed; --steps is the total, and may extend the run)")
     p.add_argument("--checkpoint-every", type=positive_int, default=1, metavar="N",
                    help="commit a checkpoint every N steps when writing a run folder (default 1)")
+    p.add_argument("--model", metavar="DIR", help="a local Hugging Face causal LM folder to train (with "
+                   "--dataset); default: the toy task's tiny Llama")
+    p.add_argument("--dataset", metavar="FILE", help="JSONL or parquet with a prompt and an answer field")
+    p.add_argument("--prompt-field", default="prompt", metavar="NAME", help="the data set's prompt field "
+                   "(default prompt)")
+    p.add_argument("--answer-field", default="answer", metavar="NAME", help="the data set's answer field "
+                   "(default answer)")
+    p.add_argument("--reward", default="math", metavar="NAME", help="math (final answer: boxed or last number), "
+                   "addition (the whole response), or module:function(response, answer) -> float (default math)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N",
+                   help="response cap with --model (default 256)")
+    p.add_argument("--lr", type=positive_float, metavar="LR", help="Adam's learning rate (default 1e-3 on the toy, "
+                   "1e-6 with --model)")
     p.add_argument("--address", help="join this Ray cluster (default: start a local one on loopback)")
     p.add_argument("--local", action="store_true", help="run engines and trainer in this process, no Ray")
     p.add_argument("--cluster", help="cluster YAML the prediction assumes (default: this machine, cpu-host)")
@@ -64,6 +82,19 @@ def toy_model(plan: Plan) -> ModelSpec:
     return spec
 
 
+def hf_model_spec(source: Any) -> tuple[ModelSpec | None, str]:
+    """The --model folder's architecture for the records and the prediction (traces.hf_config), or why
+    the simulator cannot describe it (the run still runs; only its prediction is skipped)."""
+    from traces.hf_config import default_name, model_from_hf
+    from traces.io import load_yaml
+
+    config = Path(source.model) / "config.json"
+    try:
+        return model_from_hf(load_yaml(config), default_name(config), f"--model {source.model}"), ""
+    except SpecError as exc:
+        return None, f"the simulator cannot describe this model ({exc})"
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         import torch
@@ -71,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
         from runtime.parallel import check_dp
         from runtime.ray_loop import TrainerLost
+        from runtime.task_factory import TaskSource
         from runtime.toy import run_toy, run_toy_ray
         from runtime.trainer import TrainConfig
     except ImportError as exc:
@@ -86,7 +118,11 @@ def run(args: argparse.Namespace) -> int:
     transformers.utils.logging.disable_progress_bar()
     if args.local and args.address:
         raise SpecError("--local runs without Ray; drop --address or --local")
-    spec = toy_model(plan)
+    source = TaskSource(args.model, args.dataset, args.prompt_field, args.answer_field, args.reward,
+                        args.max_new_tokens, lr=args.lr)
+    source.check()
+    spec, no_spec = (toy_model(plan), "") if source.toy else hf_model_spec(source)
+    task_name = args.task if source.toy else Path(args.dataset).stem
     dp = plan.trainer.dp
     check_dp(dp, PROMPTS_PER_STEP)
     if dp > 1 and args.local:
@@ -100,11 +136,13 @@ def run(args: argparse.Namespace) -> int:
             bar(args.steps, "training", unit="step") as progress:
         out = Path(folder or scratch)  # records are kept for the prediction either way
         common = {"engines": engines, "staleness": plan.staleness, "seed": args.seed, "out_dir": out,
-                  "hidden": spec.hidden, "layers": spec.layers, "prompts_per_step": PROMPTS_PER_STEP,
+                  "prompts_per_step": PROMPTS_PER_STEP,
                   "group_size": GROUP_SIZE, "progress": lambda row: _show(progress, row),
                   # checkpoints only where the user keeps the folder
                   "checkpoint_every": args.checkpoint_every if folder else 0,
-                  "resume": args.resume is not None, "identity": {"plan": plan_shape(plan)}}
+                  "resume": args.resume is not None, "identity": {"plan": plan_shape(plan)}, "source": source}
+        if source.toy and spec is not None:  # the toy's model is built to the plan's shape; a --model has its own
+            common.update(hidden=spec.hidden, layers=spec.layers)
         try:
             if args.local:
                 result = run_toy(args.steps, **common)
@@ -118,11 +156,13 @@ def run(args: argparse.Namespace) -> int:
         except TrainerLost as exc:
             sys.stderr.write(f"rlfleet: error: {exc}\n")
             return EXIT_RUN_FAILED
-        workload = observed_workload(f"{args.task}-observed", spec, plan, read_metrics(out),
-                                     prompts_per_step=PROMPTS_PER_STEP, group_size=GROUP_SIZE,
-                                     ppo_minibatches=TrainConfig().minibatches)
-        write_run_spec(out, plan, workload, cluster)
-        fid, why = _predict(out, cm, args)
+        fid, why = None, no_spec
+        if spec is not None:
+            workload = observed_workload(f"{task_name}-observed", spec, plan, read_metrics(out),
+                                         prompts_per_step=PROMPTS_PER_STEP, group_size=GROUP_SIZE,
+                                         ppo_minibatches=TrainConfig().minibatches)
+            write_run_spec(out, plan, workload, cluster)
+            fid, why = _predict(out, cm, args)
     summary = {"steps": result.steps, "engines": engines, "trainer_dp": dp, "staleness_bound": plan.staleness,
                "eval_before": result.eval_before, "eval_after": result.eval_after, "chance": result.chance,
                "max_staleness": result.max_staleness, "samples_per_s": result.samples_per_s,
@@ -132,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
                "duplicates_dropped": result.duplicates, "trainer_ranks": list(result.trainer_ranks),
                "prediction": fid.summary() if fid else {"skipped": why}}
     emit(summary, args.json, [
-        f"{args.task}: {result.steps} steps, {engines} engines, "
+        f"{task_name}: {result.steps} steps, {engines} engines, "
         + (f"{dp} trainer ranks, " if dp > 1 else "") + f"staleness bound {plan.staleness}, "
         + ("in one process" if args.local else "on Ray")
         + (f", resumed from step {result.first_step}" if args.resume else ""),
