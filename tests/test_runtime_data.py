@@ -182,3 +182,25 @@ def test_rlfleet_run_refuses_bad_model_and_data_in_one_line(cli, tiny_hf: Path, 
     res = cli("run", "traces/data/plans/toy-cpu.json", "--steps", "1", "--local", *argv)
     assert res.code == 2, res.err
     assert words in res.err and len(res.err.strip().splitlines()) == 1, res.err
+
+
+def test_rlfleet_run_trains_a_hf_folder_on_a_jsonl_file(cli, tiny_hf: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import yaml
+
+    res = cli("run", "traces/data/plans/toy-cpu.json", "--model", str(tiny_hf), "--dataset", SHIPPED,
+              "--max-new-tokens", "2", "--lr", "3e-3", "--steps", "3", "--local", "--out", str(tmp_path), "--json")
+    assert res.code == 0, res.err
+    out = res.json()
+    assert out["steps"] == 3 and out["executor"] == "local" and 0 <= out["eval_before"] <= 1
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(set(r["response_lengths"]) <= {"1", "2"} for r in rows)
+    workload = yaml.safe_load((tmp_path / "workload.yaml").read_text())
+    assert workload["name"] == "arith_word-observed"
+    assert (workload["model"]["hidden"], workload["model"]["vocab"]) == (64, json.loads(
+        (tiny_hf / "config.json").read_text())["vocab_size"])  # the folder's shape, read by traces.hf_config
+    assert not (tmp_path / "initial_model").exists()  # engines load the --model folder itself
+
+
+def test_rlfleet_run_refuses_data_flags_on_the_toy_task(cli) -> None:  # type: ignore[no-untyped-def]
+    res = cli("run", "traces/data/plans/toy-cpu.json", "--steps", "1", "--local", "--reward", "addition")
+    assert res.code == 2 and "--reward applies to --dataset runs" in res.err and len(res.err.splitlines()) == 1

@@ -54,14 +54,12 @@ def register(sub: Any) -> None:
     p.add_argument("--model", metavar="DIR", help="a local Hugging Face causal LM folder to train (with "
                    "--dataset); default: the toy task's tiny Llama")
     p.add_argument("--dataset", metavar="FILE", help="JSONL or parquet with a prompt and an answer field")
-    p.add_argument("--prompt-field", default="prompt", metavar="NAME", help="the data set's prompt field "
-                   "(default prompt)")
-    p.add_argument("--answer-field", default="answer", metavar="NAME", help="the data set's answer field "
-                   "(default answer)")
-    p.add_argument("--reward", default="math", metavar="NAME", help="math (final answer: boxed or last number), "
-                   "addition (the whole response), or module:function(response, answer) -> float (default math)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N",
-                   help="response cap with --model (default 256)")
+    p.add_argument("--prompt-field", metavar="NAME", help="the data set's prompt field (default prompt)")
+    p.add_argument("--answer-field", metavar="NAME", help="the data set's answer field (default answer)")
+    p.add_argument("--reward", metavar="NAME", help="math (final answer: boxed or last number), addition (the "
+                   "whole response), or module:function(response, answer) -> float (default math)")
+    p.add_argument("--max-new-tokens", type=positive_int, metavar="N", help="response cap with --dataset "
+                   "(default 256)")
     p.add_argument("--lr", type=positive_float, metavar="LR", help="Adam's learning rate (default 1e-3 on the toy, "
                    "1e-6 with --model)")
     p.add_argument("--address", help="join this Ray cluster (default: start a local one on loopback)")
@@ -80,6 +78,21 @@ def toy_model(plan: Plan) -> ModelSpec:
         raise SpecError(f"plan model {spec.name!r}: rlfleet run trains the toy task with a tiny-llama shape "
                         "(17-token vocabulary, 4 heads, 2 KV heads, MLP 4x hidden); use tiny-llama or tiny-llama-256")
     return spec
+
+
+def task_source(args: argparse.Namespace) -> Any:
+    """The run's runtime.task_factory.TaskSource; a data-set flag on the toy task is refused, not ignored."""
+    from runtime.task_factory import TaskSource
+
+    data_flags = {"--prompt-field": "prompt_field", "--answer-field": "answer_field", "--reward": "reward",
+                  "--max-new-tokens": "max_new_tokens"}
+    given = {field: getattr(args, field) for field in data_flags.values() if getattr(args, field) is not None}
+    if args.dataset is None and given:
+        flag = next(f for f, field in data_flags.items() if field in given)
+        raise SpecError(f"{flag} applies to --dataset runs; the toy task has its own prompts, reward and cap")
+    source = TaskSource(model=args.model, dataset=args.dataset, lr=args.lr, **given)
+    source.check()
+    return source
 
 
 def hf_model_spec(source: Any) -> tuple[ModelSpec | None, str]:
@@ -102,7 +115,6 @@ def run(args: argparse.Namespace) -> int:
 
         from runtime.parallel import check_dp
         from runtime.ray_loop import TrainerLost
-        from runtime.task_factory import TaskSource
         from runtime.toy import run_toy, run_toy_ray
         from runtime.trainer import TrainConfig
     except ImportError as exc:
@@ -118,9 +130,7 @@ def run(args: argparse.Namespace) -> int:
     transformers.utils.logging.disable_progress_bar()
     if args.local and args.address:
         raise SpecError("--local runs without Ray; drop --address or --local")
-    source = TaskSource(args.model, args.dataset, args.prompt_field, args.answer_field, args.reward,
-                        args.max_new_tokens, lr=args.lr)
-    source.check()
+    source = task_source(args)
     spec, no_spec = (toy_model(plan), "") if source.toy else hf_model_spec(source)
     task_name = args.task if source.toy else Path(args.dataset).stem
     dp = plan.trainer.dp
