@@ -33,8 +33,7 @@ def test_grpo_raises_the_math_reward_of_a_hf_model_on_a_jsonl_data_set(tiny_hf: 
     result = run_toy(STEPS, engines=2, staleness=ETA, seed=0, out_dir=tmp_path, source=source)
     wall = time.perf_counter() - t0
 
-    tenth = STEPS // 10
-    curve = [sum(result.rewards[i:i + tenth]) / tenth for i in range(0, STEPS, tenth)]
+    curve = result.reward_curve()
     print(f"\nreward by tenth of the run: {[round(r, 3) for r in curve]}")
     print(f"eval before {result.eval_before:.4f}, after {result.eval_after:.4f}; best prompt-blind answer "
           f"{result.uniform_chance:.4f}; {result.samples} samples in {result.seconds:.1f} s, {wall:.1f} s in all")
