@@ -33,8 +33,8 @@ def load_records(path: str | os.PathLike[str], prompt_field: str = "prompt",
     rows = _parquet_rows(p) if p.suffix == ".parquet" else _jsonl_rows(p)
     records = tuple(_record(where, row, prompt_field, answer_field) for where, row in rows)
     if not records:
-        raise SpecError(f"{p}: the data set is empty; it needs one JSON object a line with "
-                        f"{prompt_field!r} and {answer_field!r}")
+        raise SpecError(f"{p}: the data set is empty; it needs records with {prompt_field!r} and "
+                        f"{answer_field!r} (JSONL: one JSON object a line)")
     return records
 
 

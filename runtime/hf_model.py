@@ -45,10 +45,6 @@ class HfTokenizer:
     def eos_id(self) -> int:
         return self._eos
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self._tok)
-
     def render(self, prompt: str) -> str:
         """The text a prompt is given to the model as: one user turn in the chat template, if there is one."""
         if not self.chat:

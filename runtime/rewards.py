@@ -21,7 +21,9 @@ from __future__ import annotations
 import importlib
 import math
 import numbers
+import os
 import re
+import sys
 from collections.abc import Callable
 from fractions import Fraction
 
@@ -108,18 +110,25 @@ BUILTIN: dict[str, Reward] = {"math": math_reward, "addition": addition_reward}
 
 
 def load_reward(spec: str) -> Reward:
-    """A built-in reward's name, or `module:function` importable from the current path."""
+    """A built-in reward's name, or `module:function` importable from sys.path or the working folder."""
     if spec in BUILTIN:
         return BUILTIN[spec]
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise SpecError(f"--reward {spec!r}: not a built-in ({', '.join(BUILTIN)}) nor module:function")
+    # the working folder is importable, as under `python -m` (the `rlfleet` script's sys.path lacks it)
+    added = os.getcwd() not in sys.path
+    if added:
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise SpecError(f"--reward {spec!r}: module {module_name!r} does not import ({exc})") from None
     except Exception as exc:  # a module that fails on import is the user's code: one line, not its traceback
         raise SpecError(f"--reward {spec!r}: importing {module_name!r} raised {type(exc).__name__}: {exc}") from None
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())
     fn = getattr(module, attr, None)
     if fn is None or not callable(fn):
         raise SpecError(f"--reward {spec!r}: {module_name!r} has no function {attr!r}")

@@ -65,6 +65,16 @@ def test_reward_specs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     sys.modules.pop("my_rewards", None)
 
 
+def test_a_reward_module_in_the_working_folder_imports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As `rlfleet` (a console script, whose sys.path lacks the working folder) is run from a project folder."""
+    (tmp_path / "cwd_rewards.py").write_text("def exact(response, answer):\n    return float(response == answer)\n")
+    monkeypatch.chdir(tmp_path)
+    before = list(sys.path)
+    assert load_reward("cwd_rewards:exact")("4", "4") == 1.0
+    assert sys.path == before  # the folder was on the path for the import only
+    sys.modules.pop("cwd_rewards", None)
+
+
 def test_shipped_data_is_what_the_script_writes() -> None:
     assert Path(SHIPPED).read_text(encoding="utf-8") == arith_data.dataset_text()
     assert arith_data.CORPUS_FILE.read_text(encoding="utf-8") == arith_data.corpus_text()
