@@ -214,3 +214,15 @@ def test_rlfleet_run_trains_a_hf_folder_on_a_jsonl_file(cli, tiny_hf: Path, tmp_
 def test_rlfleet_run_refuses_data_flags_on_the_toy_task(cli) -> None:  # type: ignore[no-untyped-def]
     res = cli("run", "traces/data/plans/toy-cpu.json", "--steps", "1", "--local", "--reward", "addition")
     assert res.code == 2 and "--reward applies to --dataset runs" in res.err and len(res.err.splitlines()) == 1
+
+
+def test_a_hf_run_resumes_only_with_its_own_data_and_reward(cli, tiny_hf: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    run = ("run", "traces/data/plans/toy-cpu.json", "--model", str(tiny_hf), "--dataset", SHIPPED,
+           "--max-new-tokens", "1", "--local", "--json")
+    first = cli(*run, "--steps", "2", "--out", str(tmp_path))
+    assert first.code == 0, first.err
+    other = cli(*run, "--steps", "3", "--resume", str(tmp_path), "--reward", "addition")
+    assert other.code == 2 and "different run (task" in other.err and len(other.err.splitlines()) == 1
+    resumed = cli(*run, "--steps", "3", "--resume", str(tmp_path))
+    assert resumed.code == 0, resumed.err
+    assert resumed.json()["resumed_from"] == 2 and resumed.json()["version"] == 3
