@@ -10,6 +10,7 @@ one process, runtime.ray_run on Ray), with the run's identity, which a resumed r
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,12 +116,12 @@ def data_setup(source: TaskSource, shape: RunShape, train: TrainConfig | None,
         f"prompt={source.prompt_field}, answer={source.answer_field}, reward={source.reward}, "
         f"max_new_tokens={source.max_new_tokens})",
         f"hf({folder.resolve().name}, config sha256={_sha(config_text)})", identity)
-    record = resume_record(shape.out, shape.resume, ident, shape.steps)
-    model = load_causal_lm(folder)
-    context = getattr(model.config, "max_position_embeddings", None)
-    if context is not None and longest + source.max_new_tokens > context:
+    context = json.loads(config_text).get("max_position_embeddings")  # check_folder read it as an object
+    if isinstance(context, int) and longest + source.max_new_tokens > context:
         raise SpecError(f"--model {folder}: the longest prompt ({longest} tokens) plus --max-new-tokens "
                         f"{source.max_new_tokens} exceeds its context of {context}; lower --max-new-tokens")
+    record = resume_record(shape.out, shape.resume, ident, shape.steps)
+    model = load_causal_lm(folder)
     train = train or TrainConfig(lr=source.lr or HF_LR, decay_steps=shape.steps)
     # the engines load the folder itself: no copy of a large checkpoint in every run folder
     return RunSetup(shape.out, task, tokenizer, ident, record, train, model, evaluate(model, task, tokenizer),
