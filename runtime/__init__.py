@@ -3,6 +3,13 @@
 The pieces of a run:
 - `model`: tiny Llama from a config + character tokenizer, saved as a Hugging Face folder.
 - `task`: digit addition with an exact-match reward and a stated chance level.
+- `contracts`: what a run needs from a task and a tokenizer (the toy's and a real model's fit).
+- `hf_model`: any local Hugging Face causal LM and its tokenizer (chat template), checked before loading.
+- `dataset`: a prompt/answer data set from JSONL or parquet; `data_task`: it as a task.
+- `rewards`: the built-in `math` and `addition` rewards, and `module:function` for one's own.
+- `task_factory`: what a run trains (`TaskSource`: the toy, or `--model` on `--dataset`) and its `RunSetup`.
+- `tiny_hf`: the CPU test model, a tiny Qwen2 with a BPE tokenizer trained on the shipped corpus;
+  `arith_data`: the shipped arithmetic/word-problem set and that corpus (runtime/data/).
 - `engine`: the rollout-engine interface and a continuous-batching torch engine with a KV cache.
 - `vllm_engine`, `vllm_worker`: the same interface on vLLM, and its worker's in-place weight loading.
 - `engine_spec`: which engine a run uses (vLLM where it can run here, else torch) and how each is built.
@@ -29,7 +36,7 @@ Running one:
 - `local_cluster`: `rlfleet run --local`'s Ray cluster of fake nodes mirroring a cluster file.
 - `settings`: sync limits and the `Faults` to inject; `fault_injection` fires them; `committer`: the
   checkpoint commit thread.
-- `toy`: the toy task's set-up and entry points, `run_toy` (one process) and `run_toy_ray`.
+- `toy`: the entry points, `run_toy` (one process) and `run_toy_ray`, on the toy task or a `TaskSource`.
 
 Imports point only to `traces` (never `sim` or `planner`), so the runtime ships without them
 (tests/test_layering.py checks it).

@@ -29,10 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from runtime.contracts import Task, Tokenizer
 from runtime.engine import Completion, Interval, Request
-from runtime.model import CharTokenizer
 from runtime.records import RunRecorder, commit_checkpoint, trainer_checkpoint_path
-from runtime.task import AdditionTask
 from runtime.trainer import Rollout, StepStats
 from traces.records import length_histogram
 from traces.routing import Router
@@ -78,7 +77,7 @@ class _Trainable:
 
 
 class Controller:
-    def __init__(self, task: AdditionTask, tokenizer: CharTokenizer, config: LoopConfig, seed: int = 0,
+    def __init__(self, task: Task, tokenizer: Tokenizer, config: LoopConfig, seed: int = 0,
                  out_dir: Path | None = None, clock: Callable[[], float] = time.perf_counter,
                  progress: Callable[[dict[str, Any]], None] | None = None,
                  identity: dict[str, Any] | None = None) -> None:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from transformers import PreTrainedModel
 
+from runtime.contracts import Task, Tokenizer
 from runtime.engine import Request, TorchEngine, generate
-from runtime.model import CharTokenizer
-from runtime.task import AdditionTask
 
 
-def evaluate(model: PreTrainedModel, task: AdditionTask, tokenizer: CharTokenizer, samples_per_prompt: int = 16,
+def evaluate(model: PreTrainedModel, task: Task, tokenizer: Tokenizer, samples_per_prompt: int = 16,
              seed: int = 12345) -> float:
     """Expected reward under the task's prompt distribution, every prompt sampled at temperature 1.
 

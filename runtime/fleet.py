@@ -14,11 +14,11 @@ from typing import Any
 
 from transformers import PreTrainedModel
 
+from runtime.contracts import Tokenizer
 from runtime.engine import Completion, Request
 from runtime.engine_factory import EngineFactory, SpecEngines
 from runtime.engine_spec import EngineSpec
 from runtime.engine_worker import EngineStatus
-from runtime.model import CharTokenizer
 from runtime.placement import Group
 from runtime.ray_futures import gather
 from runtime.settings import MAX_ENGINE_RESTARTS, SYNC_TIMEOUT_S
@@ -65,7 +65,7 @@ class EngineHandle:
         return self.actor.step.remote(requests)
 
 
-def engine_spawner(groups: Iterable[Group], model: PreTrainedModel | str, tokenizer: CharTokenizer, seed: int,
+def engine_spawner(groups: Iterable[Group], model: PreTrainedModel | str, tokenizer: Tokenizer, seed: int,
                    max_batch: int | Sequence[int], interruptible: bool, engines: EngineFactory | None = None) -> Spawn:
     """`spawn(index, restart)`: an engine actor on slot `index` (its group's bundle), seeded per restart.
 
@@ -99,7 +99,7 @@ def join_sync_group(trainer: Any, engines: Sequence[Any], host: str, port: int, 
               for first, a in zip(firsts, engines, strict=True))]
 
 
-def start_fleet(groups: Iterable[Group], model: PreTrainedModel | str, tokenizer: CharTokenizer,
+def start_fleet(groups: Iterable[Group], model: PreTrainedModel | str, tokenizer: Tokenizer,
                 train: TrainConfig, seed: int, max_batch: int, interruptible: bool,
                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = SYNC_TIMEOUT_S,
                 spawn: Spawn | None = None, tp: int = 1) -> tuple[list[EngineHandle], list[Any]]:
@@ -125,7 +125,7 @@ def start_fleet(groups: Iterable[Group], model: PreTrainedModel | str, tokenizer
     return handles, ranks
 
 
-def start_actors(groups: Iterable[Group], model: PreTrainedModel | str, tokenizer: CharTokenizer,
+def start_actors(groups: Iterable[Group], model: PreTrainedModel | str, tokenizer: Tokenizer,
                  train: TrainConfig, seed: int, max_batch: int, interruptible: bool,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = SYNC_TIMEOUT_S
                  ) -> tuple[list[EngineHandle], Any]:

@@ -20,21 +20,20 @@ from typing import Any
 
 import torch
 
+from runtime.contracts import Task, Tokenizer
 from runtime.controller import Controller, LoopConfig
 from runtime.engine import RolloutEngine
 from runtime.engine_spec import EngineSpec, engine_model
-from runtime.model import CharTokenizer
 from runtime.records import RunRecorder
 from runtime.run_result import Finished
 from runtime.run_setup import RunSetup
-from runtime.task import AdditionTask
 from runtime.trainer import StepStats, Trainer
 
 
 class AsyncLoop:
     """The controller driven in one process: a deterministic round-robin over engines and trainer."""
 
-    def __init__(self, task: AdditionTask, tokenizer: CharTokenizer, engines: list[RolloutEngine], trainer: Trainer,
+    def __init__(self, task: Task, tokenizer: Tokenizer, engines: list[RolloutEngine], trainer: Trainer,
                  config: LoopConfig, seed: int = 0, out_dir: Path | None = None,
                  clock: Callable[[], float] = time.perf_counter,
                  progress: Callable[[dict[str, Any]], None] | None = None,
@@ -97,7 +96,7 @@ def run_in_process(setup: RunSetup, config: LoopConfig, engines: int, seed: int 
             trainer.load_checkpoint(out / record["trainer"])
         # torch engines copy the trainer's model (a resumed run's: the checkpoint's weights); vLLM engines
         # load the initial model's folder, then the checkpoint's weights before their first request
-        weights = engine_model(engine, trainer.model, out / "initial_model" if out is not None else None)
+        weights = engine_model(engine, trainer.model, setup.model_dir or (out / "initial_model" if out else None))
         spec = EngineSpec(engine, weights, tokenizer.eos_id, tokenizer.pad_id, max_batch, interruptible)
         start = trainer.version if engine == "torch" else 0
         pool: list[RolloutEngine] = []

@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
+from runtime.contracts import Tokenizer
+
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
 ALPHABET = "0123456789+-*="
 
@@ -90,7 +92,7 @@ def build_model(config: LlamaConfig, seed: int = 0) -> LlamaForCausalLM:
     return model.float().eval()
 
 
-def save_model(model: PreTrainedModel, tokenizer: CharTokenizer, folder: str | os.PathLike[str]) -> Path:
+def save_model(model: PreTrainedModel, tokenizer: Tokenizer, folder: str | os.PathLike[str]) -> Path:
     path = Path(folder)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(path))
@@ -98,8 +100,11 @@ def save_model(model: PreTrainedModel, tokenizer: CharTokenizer, folder: str | o
     return path
 
 
-def load_model(folder: str | os.PathLike[str]) -> LlamaForCausalLM:
-    return LlamaForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+def load_model(folder: str | os.PathLike[str]) -> PreTrainedModel:
+    """Any causal LM's folder (the toy's, or a --model folder a Ray actor is given by path), float32."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
 
 
 def model_of(model: PreTrainedModel | str) -> PreTrainedModel:

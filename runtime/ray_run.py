@@ -54,7 +54,7 @@ def run_on_ray(plan: Plan, setup: RunSetup, config: LoopConfig, seed: int = 0, m
     actors: list[Any] = []
     caps = [plan.running_cap(g, max_batch) for g in plan.rollout]
     # the initial weights the engines load (a vLLM engine: the run folder's copy); a resumed run's come by sync
-    weights = engine_model(engine, model, out / "initial_model" if out is not None else None)
+    weights = engine_model(engine, model, setup.model_dir or (out / "initial_model" if out else None))
     factory = engines or SpecEngines(EngineSpec(engine, weights, tokenizer.eos_id, tokenizer.pad_id, max_batch,
                                                 interruptible))
     spawn = engine_spawner(groups, weights, tokenizer, seed, caps, interruptible, factory)

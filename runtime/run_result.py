@@ -51,6 +51,12 @@ class RunResult:
     def samples_per_s(self) -> float:
         return self.samples / self.seconds if self.seconds > 0 else 0.0
 
+    def reward_curve(self, parts: int = 10) -> list[float]:
+        """The mean training reward of each of `parts` equal spans of the steps (a learning curve)."""
+        span = max(1, len(self.rewards) // parts)
+        chunks = [self.rewards[i:i + span] for i in range(0, len(self.rewards), span)]
+        return [sum(chunk) / len(chunk) for chunk in chunks]
+
 
 @dataclass(frozen=True)
 class Finished:

@@ -1,9 +1,10 @@
 """The toy task: a tiny Llama learns digit addition with async GRPO, in one process or on Ray, on CPU.
 
-Its set-up (`toy_setup`: the addition task, the character tokenizer, a tiny Llama from a config, the
-run's identity for resuming) feeds the same loops a real model would (runtime.loop.run_in_process,
-runtime.ray_run.run_on_ray); `toy_plan` is the plan of a toy run (one rollout group, one trainer
-group, of a GPU-type label that is only a Ray resource on the local node).
+Its set-up (runtime.task_factory: the addition task, the character tokenizer, a tiny Llama from a
+config, the run's identity for resuming) feeds the same loops a real model would
+(runtime.loop.run_in_process, runtime.ray_run.run_on_ray); `source` trains a Hugging Face model on a
+data set instead (`--model`, `--dataset`). `toy_plan` is the plan of a toy run (one rollout group,
+one trainer group, of a GPU-type label that is only a Ray resource on the local node).
 """
 
 from __future__ import annotations
@@ -13,16 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from runtime.controller import LoopConfig
-from runtime.evaluation import evaluate
 from runtime.loop import run_in_process
-from runtime.model import CharTokenizer, build_model, save_model, tiny_llama_config
 from runtime.parallel import check_trainer_shape
 from runtime.ray_run import run_on_ray
-from runtime.records import resume_record
 from runtime.run_result import RunResult, summarize
-from runtime.run_setup import RunSetup
 from runtime.settings import SYNC_TIMEOUT_S, Faults
 from runtime.task import AdditionTask
+from runtime.task_factory import SetupShape, TaskSource, build_setup
 from runtime.trainer import TrainConfig
 from traces import Cluster, Plan, RolloutGroup, TrainerGroup
 
@@ -34,47 +32,16 @@ def toy_plan(engines: int, staleness: int, gpu_type: str = TOY_GPU_TYPE, dp: int
                 trainer=TrainerGroup(gpu_type=gpu_type, dp=dp, tp=tp))
 
 
-def run_identity(task: AdditionTask, engines: int, staleness: int, seed: int, prompts_per_step: int,
-                 group_size: int, hidden: int, layers: int, extra: dict[str, Any] | None = None,
-                 heads: int = 4, kv_heads: int = 2) -> dict[str, Any]:
-    """What a checkpoint must match to be resumed: the task, the plan's shape, the model and the seed
-    (the steps may grow: a resumed run can be extended; the LR schedule stays the checkpoint's)."""
-    return {"task": f"addition(max_operand={task.max_operand})", "engines": engines, "staleness": staleness,
-            "seed": seed, "prompts_per_step": prompts_per_step, "group_size": group_size,
-            "model": f"tiny-llama(hidden={hidden}, layers={layers}"
-                     + (f", heads={heads}, kv_heads={kv_heads})" if (heads, kv_heads) != (4, 2) else ")"),
-            **(extra or {})}
-
-
-def toy_setup(steps: int, engines: int, staleness: int, seed: int, out_dir: str | Path | None,
-              prompts_per_step: int, group_size: int, train: TrainConfig | None, task: AdditionTask | None,
-              hidden: int, layers: int, resume: bool, identity: dict[str, Any] | None, heads: int = 4,
-              kv_heads: int = 2) -> RunSetup:
-    """The task, the run's identity and resume record, the train config and the initial model (saved
-    as the HF folder a vLLM engine would load, on a fresh run with an out folder), and its reward."""
-    out = Path(out_dir) if out_dir is not None else None
-    task, tokenizer = task or AdditionTask(max_operand=4), CharTokenizer()
-    ident = run_identity(task, engines, staleness, seed, prompts_per_step, group_size, hidden, layers, identity,
-                         heads, kv_heads)
-    record = resume_record(out, resume, ident, steps)
-    train = train or TrainConfig(entropy_coef=0.01, decay_steps=steps)  # a resumed trainer takes the checkpoint's
-    config = tiny_llama_config(tokenizer, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads,
-                               intermediate=4 * hidden)
-    model = build_model(config, seed=seed)
-    if out is not None and record is None:
-        save_model(model, tokenizer, out / "initial_model")
-    return RunSetup(out, task, tokenizer, ident, record, train, model, evaluate(model, task, tokenizer))
-
-
 def run_toy(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0, out_dir: str | Path | None = None,
             prompts_per_step: int = 16, group_size: int = 16, train: TrainConfig | None = None,
             interruptible: bool = True, max_batch: int = 256, task: AdditionTask | None = None, hidden: int = 64,
             layers: int = 2, progress: Callable[[dict[str, Any]], None] | None = None,
             checkpoint_every: int = 0, resume: bool = False, identity: dict[str, Any] | None = None,
-            response_cap: int | None = None, engine: str = "torch", heads: int = 4, kv_heads: int = 2) -> RunResult:
-    """Train the tiny Llama on digit addition with async GRPO: one trainer, `engines` rollout engines
-    (`engine`: "torch" or "vllm", runtime.engine_spec; vLLM on CPU needs a head size of 32 or more:
-    heads=2 at hidden 64).
+            response_cap: int | None = None, engine: str = "torch", heads: int = 4, kv_heads: int = 2,
+            source: TaskSource | None = None) -> RunResult:
+    """Train the tiny Llama on digit addition (or `source`'s model on its data set) with async GRPO: one
+    trainer, `engines` rollout engines (`engine`: "torch" or "vllm", runtime.engine_spec; vLLM on CPU
+    needs a head size of 32 or more: heads=2 at hidden 64).
 
     Defaults are the measured ones that learn on two CPU cores in well under a minute: operands 0..4
     (9 answers, chance 1/9; with 0..9 and 19 answers the reward still crawls at ~0.1 after 200 steps:
@@ -83,10 +50,12 @@ def run_toy(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0, out
     (2e-3 learns faster, then collapses) decaying linearly to 1e-4 by the last step (at a constant
     rate the policy keeps flipping answers late in the run), and a small entropy bonus.
 
-    `resume`: continue the run in `out_dir` from its last checkpoint (runtime.records).
+    `resume`: continue the run in `out_dir` from its last checkpoint (runtime.records). `source`: a
+    Hugging Face model on a data set instead of the toy (runtime.task_factory).
     """
-    toy = toy_setup(steps, engines, staleness, seed, out_dir, prompts_per_step, group_size, train, task, hidden,
-                    layers, resume, identity, heads, kv_heads)
+    shape = SetupShape(steps, engines, staleness, seed, prompts_per_step, group_size,
+                       Path(out_dir) if out_dir is not None else None, resume)
+    toy = build_setup(source, shape, train, identity, task, hidden, layers, heads, kv_heads)
     config = LoopConfig(steps, prompts_per_step, group_size, staleness, checkpoint_every, response_cap=response_cap)
     return summarize(toy, run_in_process(toy, config, engines, seed, max_batch, interruptible, progress, engine))
 
@@ -99,7 +68,8 @@ def run_toy_ray(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0,
                 resume: bool = False, identity: dict[str, Any] | None = None, faults: Faults | None = None,
                 sync_timeout_s: float = SYNC_TIMEOUT_S, dp: int = 1, tp: int = 1, plan: Plan | None = None,
                 cluster: Cluster | None = None, response_cap: int | None = None, executor: str = "ray",
-                engine: str = "torch", heads: int = 4, kv_heads: int = 2) -> RunResult:
+                engine: str = "torch", heads: int = 4, kv_heads: int = 2,
+                source: TaskSource | None = None) -> RunResult:
     """`run_toy` with engines and trainer as Ray actors and real weight sync.
 
     Starts a local Ray on loopback (or joins `address`, or uses the Ray this process is connected to)
@@ -117,8 +87,9 @@ def run_toy_ray(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0,
     if plan is not None:
         engines, staleness = sum(g.instances for g in plan.rollout), plan.staleness
         dp, tp = plan.trainer.dp, plan.trainer.tp
-    toy = toy_setup(steps, engines, staleness, seed, out_dir, prompts_per_step, group_size, train, task, hidden,
-                    layers, resume, identity, heads, kv_heads)
+    shape = SetupShape(steps, engines, staleness, seed, prompts_per_step, group_size,
+                       Path(out_dir) if out_dir is not None else None, resume)
+    toy = build_setup(source, shape, train, identity, task, hidden, layers, heads, kv_heads)
     cfg = toy.model.config
     check_trainer_shape(dp, tp, 1, prompts_per_step, cfg.num_attention_heads, cfg.num_key_value_heads,
                         cfg.intermediate_size)

@@ -40,6 +40,15 @@ def ray_cluster() -> Iterator[None]:
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen2 Hugging Face folder (runtime.tiny_hf), built once per session."""
+    pytest.importorskip("transformers", reason="the runtime extra that make test installs")
+    from runtime.tiny_hf import tiny_model
+
+    return tiny_model(tmp_path_factory.mktemp("tiny-hf"))
+
+
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., CliResult]:
     def run(*argv: str) -> CliResult:

@@ -28,8 +28,7 @@ def test_async_grpo_beats_five_times_chance_within_the_staleness_bound(tmp_path:
     result = run_toy(STEPS, engines=2, staleness=ETA, seed=0, out_dir=tmp_path)
     wall = time.perf_counter() - t0
 
-    tenth = STEPS // 10
-    curve = [sum(result.rewards[i:i + tenth]) / tenth for i in range(0, STEPS, tenth)]
+    curve = result.reward_curve()
     print(f"\nreward by tenth of the run: {[round(r, 3) for r in curve]}")
     print(f"eval before {result.eval_before:.4f}, after {result.eval_after:.4f}; uniform chance "
           f"{result.uniform_chance:.4f}; target {5 * result.chance:.4f}")

@@ -23,6 +23,11 @@ stopped early, or one to extend with more `--steps`). A folder without a checkpo
 another plan, task or seed, is refused in one line (exit 2). A dead rollout engine is replaced
 without stopping the run; a dead trainer stops it with one line (exit 1) naming the checkpoint.
 
+`--model DIR --dataset FILE` trains a local Hugging Face causal LM (with its tokenizer and chat
+template) on a JSONL or parquet data set instead of the toy, scored by `--reward` (math, addition or
+module:function); runtime.task_factory builds it. `python -m runtime.tiny_hf DIR` writes a tiny model
+to try it with, and runtime/data/arith_word.jsonl is a small data set.
+
 A plan whose trainer has dp > 1 trains on that many data-parallel ranks (Ray actors, runtime.parallel);
 dp must divide the step's prompts (GRPO groups). tp > 1 splits each rank's model over tp ranks
 (runtime.tensor_parallel; tp must divide the heads, KV heads and MLP columns). pp > 1 is refused, and
@@ -44,7 +49,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from planner.commands.args import add_profile_arg, cost_model, emit, non_negative_seed, positive_int
+from planner.commands.args import add_profile_arg, cost_model, emit, non_negative_seed, positive_float, positive_int
 from planner.commands.fidelity import lines as fidelity_lines
 from sim.fidelity import Fidelity, predict_run
 from traces import (
@@ -84,6 +89,17 @@ def register(sub: Any) -> None:
                    "(same plan, task and seed; --steps is the total, and may extend the run)")
     p.add_argument("--checkpoint-every", type=positive_int, default=1, metavar="N",
                    help="commit a checkpoint every N steps when writing a run folder (default 1)")
+    p.add_argument("--model", metavar="DIR", help="a local Hugging Face causal LM folder to train (with "
+                   "--dataset); default: the toy task's tiny Llama")
+    p.add_argument("--dataset", metavar="FILE", help="JSONL or parquet with a prompt and an answer field")
+    p.add_argument("--prompt-field", metavar="NAME", help="the data set's prompt field (default prompt)")
+    p.add_argument("--answer-field", metavar="NAME", help="the data set's answer field (default answer)")
+    p.add_argument("--reward", metavar="NAME", help="math (final answer: boxed or last number), addition (the "
+                   "whole response), or module:function(response, answer) -> float (default math)")
+    p.add_argument("--max-new-tokens", type=positive_int, metavar="N", help="response cap with --dataset "
+                   "(default 256)")
+    p.add_argument("--lr", type=positive_float, metavar="LR", help="Adam's learning rate (default 1e-3 on the toy, "
+                   "1e-6 with --model)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--address", help="join this Ray cluster")
     where.add_argument("--local", action="store_true", help="start a local Ray cluster of fake nodes mirroring "
@@ -109,14 +125,52 @@ def toy_model(plan: Plan, workload: Workload | None) -> ModelSpec:
     return spec
 
 
-def choose_engine(plan: Plan, spec: ModelSpec, asked: str | None, in_process: bool) -> tuple[str, Any]:
-    """The rollout engine of this run (`asked`, or the default: vLLM where it can run every group
-    here) and the toy model's config its refusals read (runtime.engine_factory.group_refusal)."""
+def choose_engine(plan: Plan, config: Any, asked: str | None, in_process: bool) -> str:
+    """The rollout engine of this run: `asked`, or the default (vLLM where it can run every group here,
+    runtime.engine_spec.default_engine); what it cannot run is refused by engine_factory.group_refusal."""
     from runtime.engine_spec import default_engine
+
+    return asked or default_engine(config, tuple(g.tp for g in plan.rollout), in_process=in_process)
+
+
+def engine_config(source: Any, spec: ModelSpec | None) -> Any:
+    """The model config the engines' refusals read: the --model folder's, or the toy's built to `spec`."""
+    if not source.toy:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(source.model)
     from runtime.model import CharTokenizer, tiny_llama_config
 
-    config = tiny_llama_config(CharTokenizer(), spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.intermediate)
-    return asked or default_engine(config, tuple(g.tp for g in plan.rollout), in_process=in_process), config
+    assert spec is not None
+    return tiny_llama_config(CharTokenizer(), spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.intermediate)
+
+
+def task_source(args: argparse.Namespace) -> Any:
+    """The run's runtime.task_factory.TaskSource; a data-set flag on the toy task is refused, not ignored."""
+    from runtime.task_factory import TaskSource
+
+    data_flags = {"--prompt-field": "prompt_field", "--answer-field": "answer_field", "--reward": "reward",
+                  "--max-new-tokens": "max_new_tokens"}
+    given = {field: getattr(args, field) for field in data_flags.values() if getattr(args, field) is not None}
+    if args.dataset is None and given:
+        flag = next(f for f, field in data_flags.items() if field in given)
+        raise SpecError(f"{flag} applies to --dataset runs; the toy task has its own prompts, reward and cap")
+    source = TaskSource(model=args.model, dataset=args.dataset, lr=args.lr, **given)
+    source.check()
+    return source
+
+
+def hf_model_spec(source: Any) -> tuple[ModelSpec | None, str]:
+    """The --model folder's architecture for the records and the prediction (traces.hf_config), or why
+    the simulator cannot describe it (the run still runs; only its prediction is skipped)."""
+    from traces.hf_config import default_name, model_from_hf
+    from traces.io import load_yaml
+
+    config = Path(source.model) / "config.json"
+    try:
+        return model_from_hf(load_yaml(config), default_name(config), f"--model {source.model}"), ""
+    except SpecError as exc:
+        return None, f"the simulator cannot describe this model ({exc})"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -129,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
         from runtime.parallel import check_trainer_shape
         from runtime.ray_loop import TrainerLost
         from runtime.run_plan import run_shape
+        from runtime.task_factory import HF_LR, TOY_ENTROPY, TOY_LR
         from runtime.toy import run_toy, run_toy_ray
         from runtime.trainer import TrainConfig
     except ImportError as exc:
@@ -138,11 +193,16 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster) if args.cluster else example_cluster("cpu-host")
     workload = load_workload(args.workload) if args.workload else None
     # every refusal comes before Ray, the engines or the run folder start
-    spec = toy_model(plan, workload)
-    engine, config = choose_engine(plan, spec, args.engine, args.in_process)
+    source = task_source(args)
+    spec, no_spec = (toy_model(plan, workload), "") if source.toy else hf_model_spec(source)
+    task_name = args.task if source.toy else Path(args.dataset).stem
+    config = engine_config(source, spec)
+    engine = choose_engine(plan, config, args.engine, args.in_process)
     shape = run_shape(plan, workload, cluster, group_refusal(engine, config, args.in_process))
     dp, tp = plan.trainer.dp, plan.trainer.tp
-    check_trainer_shape(dp, tp, plan.trainer.pp, shape.prompts_per_step, spec.heads, spec.kv_heads, spec.intermediate)
+    heads = config.num_attention_heads
+    check_trainer_shape(dp, tp, plan.trainer.pp, shape.prompts_per_step, heads,
+                        getattr(config, "num_key_value_heads", None) or heads, config.intermediate_size)
     engines = sum(g.instances for g in plan.rollout)
     if args.in_process and dp * tp > 1:
         raise SpecError(f"--in-process trains in one process; this plan's trainer has dp={dp} x tp={tp} ranks "
@@ -164,20 +224,23 @@ def run(args: argparse.Namespace) -> int:
     if folder:  # a file in the way is one line now, not after Ray and the engines have started
         ensure_folder(folder)
     executor = "in-process" if args.in_process else ("ray-local" if local else "ray")
-    train = (TrainConfig(entropy_coef=0.01, decay_steps=args.steps, minibatches=shape.minibatches)
-             if shape.minibatches is not None else None)
+    lr = source.lr or (TOY_LR if source.toy else HF_LR)
+    train = (TrainConfig(lr=lr, entropy_coef=TOY_ENTROPY if source.toy else 0.0, decay_steps=args.steps,
+                         minibatches=shape.minibatches) if shape.minibatches is not None else None)
     with tempfile.TemporaryDirectory(prefix="rlfleet-run-") as scratch, \
             bar(args.steps, "training", unit="step") as progress:
         out = Path(folder or scratch)  # records are kept for the prediction either way
         common = {"engines": engines, "staleness": plan.staleness, "seed": args.seed, "out_dir": out,
-                  "hidden": spec.hidden, "layers": spec.layers, "prompts_per_step": shape.prompts_per_step,
+                  "prompts_per_step": shape.prompts_per_step,
                   "group_size": shape.group_size, "progress": lambda row: _show(progress, row),
                   "interruptible": shape.interruptible, "response_cap": shape.response_cap, "train": train,
                   "max_batch": caps[0] if args.in_process else MAX_BATCH,  # on Ray: each group's own cap
-                  "heads": spec.heads, "kv_heads": spec.kv_heads, "engine": engine,
+                  "engine": engine,
                   # checkpoints only where the user keeps the folder
                   "checkpoint_every": args.checkpoint_every if folder else 0,
-                  "resume": args.resume is not None, "identity": {"plan": plan_shape(plan)}}
+                  "resume": args.resume is not None, "identity": {"plan": plan_shape(plan)}, "source": source}
+        if source.toy and spec is not None:  # the toy's model is built to the plan's shape; a --model has its own
+            common.update(hidden=spec.hidden, layers=spec.layers, heads=spec.heads, kv_heads=spec.kv_heads)
         try:
             if args.in_process:
                 result = run_toy(args.steps, **common)
@@ -195,11 +258,13 @@ def run(args: argparse.Namespace) -> int:
         except TrainerLost as exc:
             sys.stderr.write(f"rlfleet: error: {exc}\n")
             return EXIT_RUN_FAILED
-        observed = observed_workload(f"{args.task}-observed", spec, plan, read_metrics(out),
-                                     prompts_per_step=shape.prompts_per_step, group_size=shape.group_size,
-                                     ppo_minibatches=(train or TrainConfig()).minibatches)
-        write_run_spec(out, plan, observed.model_copy(update={"interruptible": shape.interruptible}), cluster)
-        fid, why = _predict(out, cm, args)
+        fid, why = None, no_spec
+        if spec is not None:
+            observed = observed_workload(f"{task_name}-observed", spec, plan, read_metrics(out),
+                                         prompts_per_step=shape.prompts_per_step, group_size=shape.group_size,
+                                         ppo_minibatches=(train or TrainConfig()).minibatches)
+            write_run_spec(out, plan, observed.model_copy(update={"interruptible": shape.interruptible}), cluster)
+            fid, why = _predict(out, cm, args)
     summary = {"steps": result.steps, "engines": engines, "engine": engine, "trainer_dp": dp, "trainer_tp": tp,
                "staleness_bound": plan.staleness, "mode": plan.mode,
                "batch": [shape.prompts_per_step, shape.group_size],
@@ -218,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
     where = {"in-process": "in one process", "ray-local": "on a local Ray cluster of fake nodes",
              "ray": "on Ray"}[executor]
     emit(summary, args.json, [
-        f"{args.task}: {result.steps} steps, {plan.mode}, {engines} {engine} engines in {len(plan.rollout)} group(s), "
+        f"{task_name}: {result.steps} steps, {plan.mode}, {engines} {engine} engines in {len(plan.rollout)} group(s), "
         + (f"{dp * tp} trainer ranks (dp {dp} x tp {tp}), " if dp * tp > 1 else "")
         + f"staleness bound {plan.staleness}, {where}"
         + (f", resumed from step {result.first_step}" if args.resume else ""),
