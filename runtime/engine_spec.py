@@ -125,8 +125,11 @@ class EngineSpec:
         kwargs: dict[str, Any] = {"tensor_parallel_size": tp}
         if on_cpu():
             # float32 as the trainer (behaviour logprobs match its forward to 1e-4); no graph capture on CPU;
-            # a small KV cache beside the other processes of a small machine
-            kwargs.update(dtype="float32", enforce_eager=True, kv_cache_memory_bytes=CPU_KV_CACHE_BYTES)
+            # a small KV cache beside the other processes of a small machine; no chunked prefill: a partly
+            # prefilled seeded request rolls its generator's offset back, which CPU generators lack (vLLM
+            # 0.32: "CPU Generator does not use offset", seen with chat-template prompts of a --model run)
+            kwargs.update(dtype="float32", enforce_eager=True, kv_cache_memory_bytes=CPU_KV_CACHE_BYTES,
+                          enable_chunked_prefill=False)
         return kwargs
 
     def actor_options(self) -> dict[str, Any]:

@@ -189,7 +189,7 @@ def test_rlfleet_run_refuses_bad_model_and_data_in_one_line(cli, tiny_hf: Path, 
     T5Config(d_model=32, num_layers=1, num_heads=2, d_ff=64, vocab_size=50).save_pretrained(tmp_path / "t5")
     (tmp_path / "empty.jsonl").write_text("")
     argv = [f.format(tiny=tiny_hf, tmp=tmp_path) for f in flags]
-    res = cli("run", "traces/data/plans/toy-cpu.json", "--steps", "1", "--local", *argv)
+    res = cli("run", "traces/data/plans/toy-cpu.json", "--steps", "1", "--in-process", *argv)
     assert res.code == 2, res.err
     assert words in res.err and len(res.err.strip().splitlines()) == 1, res.err
 
@@ -198,10 +198,10 @@ def test_rlfleet_run_trains_a_hf_folder_on_a_jsonl_file(cli, tiny_hf: Path, tmp_
     import yaml
 
     res = cli("run", "traces/data/plans/toy-cpu.json", "--model", str(tiny_hf), "--dataset", SHIPPED,
-              "--max-new-tokens", "2", "--lr", "3e-3", "--steps", "3", "--local", "--out", str(tmp_path), "--json")
+              "--max-new-tokens", "2", "--lr", "3e-3", "--steps", "3", "--in-process", "--out", str(tmp_path), "--json")
     assert res.code == 0, res.err
     out = res.json()
-    assert out["steps"] == 3 and out["executor"] == "local" and 0 <= out["eval_before"] <= 1
+    assert out["steps"] == 3 and out["executor"] == "in-process" and 0 <= out["eval_before"] <= 1
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all(set(r["response_lengths"]) <= {"1", "2"} for r in rows)
     workload = yaml.safe_load((tmp_path / "workload.yaml").read_text())
@@ -212,13 +212,13 @@ def test_rlfleet_run_trains_a_hf_folder_on_a_jsonl_file(cli, tiny_hf: Path, tmp_
 
 
 def test_rlfleet_run_refuses_data_flags_on_the_toy_task(cli) -> None:  # type: ignore[no-untyped-def]
-    res = cli("run", "traces/data/plans/toy-cpu.json", "--steps", "1", "--local", "--reward", "addition")
+    res = cli("run", "traces/data/plans/toy-cpu.json", "--steps", "1", "--in-process", "--reward", "addition")
     assert res.code == 2 and "--reward applies to --dataset runs" in res.err and len(res.err.splitlines()) == 1
 
 
 def test_a_hf_run_resumes_only_with_its_own_data_and_reward(cli, tiny_hf: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     run = ("run", "traces/data/plans/toy-cpu.json", "--model", str(tiny_hf), "--dataset", SHIPPED,
-           "--max-new-tokens", "1", "--local", "--json")
+           "--max-new-tokens", "1", "--in-process", "--json")
     first = cli(*run, "--steps", "2", "--out", str(tmp_path))
     assert first.code == 0, first.err
     other = cli(*run, "--steps", "3", "--resume", str(tmp_path), "--reward", "addition")

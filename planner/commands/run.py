@@ -138,7 +138,9 @@ def engine_config(source: Any, spec: ModelSpec | None) -> Any:
     if not source.toy:
         from transformers import AutoConfig
 
-        return AutoConfig.from_pretrained(source.model)
+        from runtime.hf_model import check_folder
+
+        return AutoConfig.from_pretrained(str(check_folder(source.model)))  # a bad folder: one line first
     from runtime.model import CharTokenizer, tiny_llama_config
 
     assert spec is not None
