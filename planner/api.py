@@ -112,7 +112,9 @@ def plan_report(
     if not ranked:
         raise deadline.nothing_found()
     if sim_steps > 0:
-        ranked = climb(search, ranked, refine, explore)
+        # under --framework the restricted solver already tries every engine kind alone; an engine-mix
+        # move (re-cutting some engines to another TP) would leave what the framework launches
+        ranked = climb(search, ranked, refine, 0 if framework else explore)
     if objective == "cost" and target is not None and sim_steps > 0:
         ranked = meet_target(search, ranked, top_k)
     chosen = search.pick(ranked)

@@ -154,7 +154,10 @@ def test_slurm_script_has_one_component_per_group_on_its_nodes(tmp_path: Path) -
         opts = dict(line.removeprefix("#SBATCH --").split("=", 1) for line in part.splitlines()
                     if line.startswith("#SBATCH --"))
         assert hostlist.expand_hostlist(opts["nodelist"]) == _hosts(group.nodes)
-        assert int(opts["nodes"]) * int(opts["gpus-per-node"]) == group.gpus
+        if "gpus" in opts:  # a group on part of its nodes asks its GPUs in all
+            assert int(opts["gpus"]) == group.gpus and int(opts["nodes"]) == len(group.nodes)
+        else:
+            assert int(opts["nodes"]) * int(opts["gpus-per-node"]) == group.gpus
 
 
 # ---- Ray -----------------------------------------------------------------------------------------

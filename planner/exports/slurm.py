@@ -49,8 +49,14 @@ def script(plan: Plan, cluster: Cluster, names: list[str], job_name: str) -> str
         lines.append(f"# component {i}: {c.label}")
         if i == 0:
             lines.append(f"#SBATCH --job-name={job_name}")
-        lines += [f"#SBATCH --nodes={c.role.whole_nodes}", f"#SBATCH --ntasks-per-node={c.tasks_per_node}",
-                  f"#SBATCH --gpus-per-node={c.gpus_per_node}"]
+        if c.role.gpus == c.role.whole_nodes * c.gpus_per_node:
+            lines += [f"#SBATCH --nodes={c.role.whole_nodes}", f"#SBATCH --ntasks-per-node={c.tasks_per_node}",
+                      f"#SBATCH --gpus-per-node={c.gpus_per_node}"]
+        else:  # a group on part of its nodes (another group has the rest): its GPUs in all, one task each
+            tasks = c.role.gpus // c.role.tp if c.role.name == "rollout" else c.role.gpus
+            lines += ["# part of these nodes: the partition must let components share a node (OverSubscribe)",
+                      f"#SBATCH --nodes={c.role.whole_nodes}", f"#SBATCH --ntasks={tasks}",
+                      f"#SBATCH --gpus={c.role.gpus}"]
         where = nodelist(c.role, names)
         if where is not None:
             lines.append(f"#SBATCH --nodelist={where}")
