@@ -298,7 +298,9 @@ def test_the_planners_analytic_model_counts_what_dynamic_sampling_drops() -> Non
         pass_rate=1 / 2.4, oversample=2)))
     for a, b in zip(plain.engines, dapo.engines, strict=True):
         assert a.samples_per_s / b.samples_per_s == pytest.approx(2.4, rel=1e-9)
-    assert dapo.in_flight_cap == pytest.approx(min(2 * 2 * 256, 2.4 * plain.in_flight_cap), rel=1e-9)
+    for step_seconds, rate in ((0.0, 0.0), (5.0, 10.0)):  # the bound at rest and at a trainer step and rate
+        assert dapo.in_flight_cap(step_seconds, rate) == pytest.approx(
+            min(2 * 2 * 256, 2.4 * plain.in_flight_cap(step_seconds, rate)), rel=1e-9)
 
 
 def test_simulate_reports_what_dynamic_sampling_dropped(cli, write) -> None:  # type: ignore[no-untyped-def]
