@@ -49,7 +49,9 @@ def run_on_ray(plan: Plan, setup: RunSetup, config: LoopConfig, seed: int = 0, m
     out, model, tokenizer, record = setup.out, setup.model, setup.tokenizer, setup.record
     check_pp(plan.trainer.pp)  # before Ray starts: its bundles would be taken for dp x tp ranks
     init_ray(plan, address)
-    groups = place(plan, gpus=False, cluster=cluster)
+    # a Ray cluster with GPUs gets bundles of one GPU each (vLLM and the trainer ranks use them; not run
+    # here: no GPU was lent to this work); the fake-node and CPU clusters get CPU bundles
+    groups = place(plan, gpus=ray.cluster_resources().get("GPU", 0) >= 1, cluster=cluster)
     loop: RayLoop | None = None
     actors: list[Any] = []
     caps = [plan.running_cap(g, max_batch) for g in plan.rollout]
