@@ -129,8 +129,9 @@ class Candidates:
 
     @property
     def admitted_cap(self) -> float:
-        """AReaL's capacity rule: at most (eta + 1) B samples admitted and not yet trained."""
-        return float((self.staleness + 1) * self.samples_per_step)
+        """AReaL's capacity rule (traces.staleness, the simulator's): at most (eta + 1) B samples
+        admitted and not yet trained."""
+        return float(admission_cap(self.staleness, 0, self.samples_per_step))
 
     @property
     def tail_ratio(self) -> float:
