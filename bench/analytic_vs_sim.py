@@ -21,8 +21,8 @@ from planner.milp import solve
 from planner.placement import reprice_sync, to_plan
 from sim import simulate
 from traces import Cluster, CostModel, Workload, get_model
+from traces.lengths import LengthDist
 from traces.records import recommended_steps
-from traces.workload import LengthDist
 
 TYPES = ["H100", "H800", "H20", "A100-80G", "L40S", "H200"]
 MODELS = ["qwen2.5-1.5b", "qwen2.5-7b", "llama-3.1-8b"]

@@ -15,7 +15,7 @@ from planner.api import plan_report
 from planner.candidates import candidates
 from planner.milp import solve_async_fixed
 from traces import Cluster, CostModel, Workload, get_model
-from traces.workload import LengthDist
+from traces.lengths import LengthDist
 
 TYPES = ["H800", "H20", "L40S", "A100-80G", "H100", "H200", "A10G", "L4"]
 

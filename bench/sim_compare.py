@@ -39,7 +39,8 @@ def cases() -> dict[str, tuple[Any, ...]]:
     from bench.sim_speed import PLAN as BENCH_PLAN
     from bench.sim_speed import WORKLOAD as BENCH_WORKLOAD
     from traces import Cluster, Plan, RolloutGroup, TrainerGroup, example_cluster, get_model
-    from traces.workload import LengthDist, Workload
+    from traces.lengths import LengthDist
+    from traces.workload import Workload
 
     cluster = example_cluster("mixed-h800-h20-l40s")
     fixed = LengthDist(kind="fixed", value=600)

@@ -17,7 +17,8 @@ import time
 
 from sim import simulate
 from traces import Cluster, CostModel, Plan, RolloutGroup, TrainerGroup, get_model
-from traces.workload import LengthDist, Workload
+from traces.lengths import LengthDist
+from traces.workload import Workload
 
 CLUSTER = Cluster(name="bench-1024", node_groups=(
     {"gpu_type": "H800", "nodes": 32, "gpus_per_node": 8},

@@ -59,7 +59,7 @@ from sim import simulate
 from sim.plots import gantt, staleness_histogram
 from planner.plots import throughput_curve
 from traces import Cluster, Plan, RolloutGroup, TrainerGroup, Workload, get_model
-from traces.workload import LengthDist
+from traces.lengths import LengthDist
 
 cluster = Cluster(name="h800-16", node_groups=({"gpu_type": "H800", "nodes": 2},))
 lengths = {

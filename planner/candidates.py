@@ -27,9 +27,9 @@ import numpy as np
 
 from traces import Cluster, CostModel, GpuType, ModelSpec, Workload
 from traces.costmodel.rl import trainer_fits, trainer_step_seconds
+from traces.lengths import LengthDist
 from traces.plan_check import ep_shards, tp_shards
 from traces.staleness import admission_cap
-from traces.workload import LengthDist
 
 ZERO_STAGES = (1, 3)
 RECOMPUTE = ("none", "selective", "full")

@@ -14,7 +14,7 @@ from allocations import simulated_best
 
 from planner.api import plan_report
 from traces import Cluster, CostModel, Workload, example_workload, get_model
-from traces.workload import LengthDist
+from traces.lengths import LengthDist
 
 CM = CostModel()
 

@@ -10,7 +10,7 @@ from planner.candidates import candidates
 from planner.milp import solve_async, solve_sync
 from sim import simulate
 from traces import Cluster, CostModel, SpecError, Workload, example_cluster, example_workload, get_model
-from traces.workload import LengthDist
+from traces.lengths import LengthDist
 
 CM = CostModel.roofline_only()
 FLEET = Cluster(name="two-kinds", node_groups=({"gpu_type": "H800", "nodes": 2, "gpus_per_node": 8},

@@ -6,7 +6,7 @@ import pytest
 
 from sim import simulate
 from traces import Cluster, CostModel, Plan, RolloutGroup, TrainerGroup, Workload, get_model
-from traces.workload import LengthDist
+from traces.lengths import LengthDist
 
 CM = CostModel.roofline_only()
 CLUSTER = Cluster(name="c", node_groups=({"gpu_type": "H800", "nodes": 1}, {"gpu_type": "H20", "nodes": 1}))

@@ -11,7 +11,7 @@ import pytest
 from sim import simulate
 from traces import Cluster, CostModel, Plan, RolloutGroup, SpecError, TrainerGroup, Workload, get_gpu, get_model
 from traces.io import validate
-from traces.workload import LengthDist
+from traces.lengths import LengthDist
 
 CM = CostModel.roofline_only()
 A100, LLAMA2 = get_gpu("A100-80G"), get_model("llama-2-7b")

@@ -14,9 +14,10 @@ from sim.breakdown import mean_phases
 from traces import Cluster, CostModel, Plan, RolloutGroup, SpecError, TrainerGroup, Workload, get_gpu, get_model
 from traces.costmodel.roofline import train_state_parts
 from traces.io import validate
+from traces.lengths import LengthDist
 from traces.plan import Offload
 from traces.staleness import CapacityController, admission_cap, lag_bound
-from traces.workload import DynamicSampling, LengthDist
+from traces.workload import DynamicSampling
 
 CM = CostModel.roofline_only()
 CLUSTER = Cluster(name="c", node_groups=({"gpu_type": "H800", "nodes": 1}, {"gpu_type": "H20", "nodes": 1}))

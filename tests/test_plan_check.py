@@ -8,8 +8,8 @@ import pytest
 
 from planner.candidates import candidates
 from traces import Cluster, CostModel, Plan, RolloutGroup, SpecError, TrainerGroup, Workload, get_model
+from traces.lengths import LengthDist
 from traces.plan_check import check_plan, plan_problems
-from traces.workload import LengthDist
 
 CLUSTER = Cluster(name="c", node_groups=({"gpu_type": "H800", "nodes": 2, "gpus_per_node": 8},
                                          {"gpu_type": "H20", "nodes": 2, "gpus_per_node": 8}))

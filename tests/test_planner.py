@@ -13,7 +13,7 @@ from planner.explain import NoPlan
 from planner.milp import evaluate, solve_async_fixed, solve_colocated, solve_sync
 from planner.sweeps import Change, pareto, what_if
 from traces import Cluster, CostModel, Plan, SpecError, Workload, example_cluster, get_model
-from traces.workload import LengthDist
+from traces.lengths import LengthDist
 
 CM = CostModel.roofline_only()
 TYPES = ["H100", "H800", "H20", "A100-80G", "L40S", "A10G"]

@@ -10,8 +10,8 @@ from planner.api import plan_report, within
 from planner.rerank import meet_target
 from planner.scoring import Search
 from traces import Cluster, CostModel, SpecError, Workload, example_cluster, example_workload, get_model
+from traces.lengths import LengthDist
 from traces.records import recommended_steps, steady_state, warm_steps
-from traces.workload import LengthDist
 
 CM = CostModel.roofline_only()
 

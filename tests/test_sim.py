@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from sim import simulate
 from sim.decode_tables import DecodeTable
 from traces import Cluster, CostModel, Plan, RolloutGroup, SpecError, TrainerGroup, example_cluster, get_model
-from traces.workload import LengthDist, Workload
+from traces.lengths import LengthDist
+from traces.workload import Workload
 
 CM = CostModel.roofline_only()
 CLUSTER = example_cluster("mixed-h800-h20-l40s")

@@ -21,7 +21,7 @@ from traces import (
     load_plan,
     load_workload,
 )
-from traces.workload import LengthDist
+from traces.lengths import LengthDist
 
 REQUIRED_GPUS = [
     "H100", "H800", "H200", "H20", "A100-80G", "A100-40G", "L40S", "L4", "A10G", "RTX4090", "MI300X", "B200",

@@ -4,9 +4,10 @@ from traces.cluster import Cluster, NodeGroup, example_cluster, example_clusters
 from traces.costmodel import CostModel, Efficiency, Estimate, ProfileTable
 from traces.errors import SpecError
 from traces.hardware import GpuType, get_gpu, gpu_names
+from traces.lengths import LengthDist
 from traces.models import ModelSpec, get_model, model_names
 from traces.plan import Plan, RolloutGroup, TrainerGroup, load_plan
-from traces.workload import LengthDist, Workload, example_workload, example_workloads, load_workload
+from traces.workload import Workload, example_workload, example_workloads, load_workload
 
 __all__ = [
     "Cluster",

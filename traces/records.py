@@ -32,10 +32,11 @@ import yaml
 from traces.cluster import Cluster, load_cluster
 from traces.errors import SpecError
 from traces.io import atomic_write_text, loads_json, read_user_text
+from traces.lengths import LengthDist
 from traces.models import ModelSpec
 from traces.plan import Plan, load_plan
 from traces.staleness import lag_bound
-from traces.workload import LengthDist, Workload, load_workload
+from traces.workload import Workload, load_workload
 
 TIMELINE_COLUMNS = ("resource", "group", "activity", "start", "end", "version", "samples")
 METRICS_FILE = "metrics.jsonl"

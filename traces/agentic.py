@@ -1,0 +1,116 @@
+"""Agentic, multi-turn rollouts: turns per episode, tool latency per turn, tokens each tool result adds.
+
+An episode is `turns` model turns; between two turns the model's tool call (code execution, search, a
+simulator) runs for `tool_latency` seconds and its result adds `tool_tokens` tokens to the context.
+The workload's `response_len` is then the length of ONE turn's answer. One turn and no latency is
+the single-turn workload exactly. (AReaL's and verl's multi-turn rollouts, e.g. verl's
+`actor_rollout_ref.rollout.multi_turn`, keep the whole episode as one trained sequence.)
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from scipy.special import ndtr
+
+from traces.lengths import LengthDist
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+MAX_SECONDS = 86_400.0  # a tool call longer than a day is a typo
+
+
+class SecondsDist(BaseModel):
+    """A latency distribution in seconds: fixed (value) | uniform (low..high) | lognormal (mean of the
+    uncapped distribution, sigma, cap). Tool latencies are long-tailed (a sandbox that times out), hence
+    the capped lognormal."""
+
+    model_config = _FROZEN
+
+    kind: Literal["fixed", "uniform", "lognormal"]
+    value: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
+    low: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
+    high: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
+    mean: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    sigma: float | None = Field(default=None, gt=0, le=5)
+    cap: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+
+    @model_validator(mode="after")
+    def _check(self) -> SecondsDist:
+        need = {"fixed": ("value",), "uniform": ("low", "high"), "lognormal": ("mean", "sigma", "cap")}[self.kind]
+        for field in need:
+            if getattr(self, field) is None:
+                raise ValueError(f"a {self.kind} latency distribution needs '{field}' (seconds)")
+        if self.kind == "uniform" and self.low > self.high:  # type: ignore[operator]
+            raise ValueError(f"uniform: low ({self.low}) must not exceed high ({self.high})")
+        return self
+
+    @property
+    def max(self) -> float:
+        return float({"fixed": self.value, "uniform": self.high, "lognormal": self.cap}[self.kind])  # type: ignore[arg-type]
+
+    def expected(self) -> float:
+        return _expected_seconds(self)
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """n latencies in seconds (float64)."""
+        if self.kind == "fixed":
+            return np.full(n, float(self.value))  # type: ignore[arg-type]
+        if self.kind == "uniform":
+            return rng.uniform(self.low, self.high, size=n)  # type: ignore[arg-type]
+        mu = math.log(self.mean) - self.sigma**2 / 2  # type: ignore[arg-type, operator]
+        return np.minimum(rng.lognormal(mu, self.sigma, size=n), self.cap)  # type: ignore[arg-type]
+
+
+@functools.lru_cache(maxsize=64)
+def _expected_seconds(dist: SecondsDist) -> float:
+    if dist.kind == "fixed":
+        return float(dist.value)  # type: ignore[arg-type]
+    if dist.kind == "uniform":
+        return (dist.low + dist.high) / 2  # type: ignore[operator]
+    # E[min(X, c)] for a lognormal X, as traces.lengths does for token lengths.
+    mu, s, c = math.log(dist.mean) - dist.sigma**2 / 2, float(dist.sigma), float(dist.cap)  # type: ignore[arg-type, operator]
+    z = (math.log(c) - mu) / s
+    return math.exp(mu + s * s / 2) * float(ndtr(z - s)) + c * float(ndtr(-z))
+
+
+_NO_LATENCY = SecondsDist(kind="fixed", value=0.0)
+_ONE_TOKEN = LengthDist(kind="fixed", value=1)
+
+
+class Agentic(BaseModel):
+    """Multi-turn episodes. `turns` counts model turns (tool calls = turns - 1, none after the last)."""
+
+    model_config = _FROZEN
+
+    turns: LengthDist = Field(description="model turns per episode (a distribution of whole numbers >= 1)")
+    tool_latency: SecondsDist = Field(default=_NO_LATENCY, description="seconds each tool call takes")
+    tool_tokens: LengthDist = Field(default=_ONE_TOKEN, description="tokens each tool result adds to the context")
+    prefix_cache: bool = Field(
+        default=True, description="the engine keeps the episode's KV cache across turns (prefix caching); "
+        "False: each turn re-prefills the whole context so far")
+
+    @model_validator(mode="after")
+    def _check(self) -> Agentic:
+        if self.turns.max > 1024:
+            raise ValueError(f"turns: at most 1024 turns per episode, got up to {self.turns.max}")
+        return self
+
+    @property
+    def max_tool_calls(self) -> int:
+        return self.turns.max - 1
+
+    def expected_tool_calls(self) -> float:
+        return self.turns.expected() - 1.0
+
+    def max_context(self, prompt: LengthDist, response: LengthDist) -> int:
+        """The longest episode: prompt, every turn's answer at its cap and every tool result at its cap."""
+        return prompt.max + self.turns.max * response.max + self.max_tool_calls * self.tool_tokens.max
+
+    def expected_tokens(self, prompt: LengthDist, response: LengthDist) -> float:
+        """Mean tokens of one episode (turn count independent of the lengths, Wald's identity)."""
+        return (prompt.expected() + self.turns.expected() * response.expected()
+                + self.expected_tool_calls() * self.tool_tokens.expected())
