@@ -7,7 +7,7 @@ and used to predict them: the held-out error is what a new measurement should ex
 rows are simulated and judged, never fitted. Prints every row (measured, shipped model, fitted,
 held out), the rows skipped and why, the summaries (median and worst absolute error, signed
 median), and the fitted values (copy them into traces/costmodel/efficiency.py to ship them).
-Usage: python bench/fidelity.py [--fields matmul,memory,...] [--quick]
+Usage: python bench/fidelity.py [--fields matmul,memory,...] [--quick] [--prior W]
 """
 
 from __future__ import annotations
@@ -22,11 +22,17 @@ from traces.calibration import load_calibration
 from traces.costmodel import DEFAULT_EFFICIENCY
 from traces.costmodel.fit import Case, leave_one_source_out, summary
 
-# Where every fit starts: the hand-set values from before any fit to this set (so that a field the
-# remaining rows do not constrain stays there, rather than at a value fitted with the held-out rows).
+# Where every fit starts, and what the prior holds it to: the hand-set values from before any fit to
+# this set (so that a field the remaining rows do not constrain stays there, rather than at a value
+# fitted with the held-out rows). collective_latency_s is measured: Vidur's NCCL all-reduce profiles
+# (github.com/microsoft/vidur @7d47513, data/profiling/network/{a100,h100}_dgx/all_reduce.csv) give a
+# median of 31 us (A100) and 29 us (H100) for 4k-64k-element all-reduces within one 8-GPU node.
 NEUTRAL = replace(DEFAULT_EFFICIENCY, matmul=0.5, memory=0.7, decode_overhead_s=0.004, decode_overhead_per_seq_s=0.0,
-                  prefill_overhead_s=0.0, train_matmul=0.67, expert_matmul=1.0, collective_latency_s=1e-5,
+                  prefill_overhead_s=0.0, train_matmul=0.67, expert_matmul=1.0, collective_latency_s=3.1e-5,
                   sync_fixed_s=0.05)
+# Weight of the log-space prior (traces.costmodel.fit): a field moved by a factor 1.5 off its start
+# costs about as much as one row predicted 10% off (soft-L1 at f_scale 0.1). Chosen once, not tuned.
+PRIOR_WEIGHT = 0.3
 FIELDS = ("matmul", "memory", "decode_overhead_s", "decode_overhead_per_seq_s", "prefill_overhead_s",
           "train_matmul", "expert_matmul", "train_half_tokens", "comm_overlap", "collective_latency_s",
           "sync_fixed_s", "sync_per_tensor_s")
@@ -36,6 +42,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fields", default=",".join(FIELDS), help="Efficiency fields to fit (comma-separated)")
     ap.add_argument("--quick", action="store_true", help="skip the simulated RL-step rows")
+    ap.add_argument("--prior", type=float, default=PRIOR_WEIGHT, help="weight of the prior towards NEUTRAL (0: none)")
     args = ap.parse_args()
     fields = [f for f in args.fields.split(",") if f]
     rows = load_calibration()
@@ -50,7 +57,7 @@ def main() -> None:
     t0 = time.perf_counter()
     shipped = CostModel.roofline_only(DEFAULT_EFFICIENCY)
     base = {c.id: c.predict(shipped) for c in cases}
-    fitted, judged = leave_one_source_out(cases, fields, start=NEUTRAL,
+    fitted, judged = leave_one_source_out(cases, fields, start=NEUTRAL, prior_weight=args.prior,
                                           progress=lambda s: print(f"  refit without {s}", flush=True))
     by_id = {r.id: r for r in rows}
     print(f"\n{'row':<5} {'kind':<8} {'model':<15} {'GPU':<9} {'unit':<18} {'measured':>10} {'shipped':>8} "

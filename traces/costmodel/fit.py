@@ -3,8 +3,12 @@
 A case is one measurement (a calibration row, or a phase of a user's logged run) with a function
 that predicts it from a cost model. The fit minimises a robust (soft-L1) loss of the log error
 log(predicted / measured) over the chosen Efficiency fields, in log space within each field's
-bounds (scipy.optimize.least_squares, trust-region reflective). An error is only known on data the
-fit did not see: `leave_one_source_out` refits without each source in turn and predicts it.
+bounds (scipy.optimize.least_squares, trust-region reflective). An optional prior pulls each field
+towards its start (one more residual per field, `prior_weight` x log(value / start): a Gaussian prior
+in log space, i.e. ridge regression), so that a field few rows constrain, or two fields that trade
+against each other (train_matmul and train_half_tokens), stay near a sensible value instead of
+running to a bound (a field off by default is not held). An error is only known on data the fit
+did not see: `leave_one_source_out` refits without each source in turn and predicts it.
 """
 
 from __future__ import annotations
@@ -60,8 +64,9 @@ def _model(eff: Efficiency, tables: ProfileTable | None) -> CostModel:
 
 def fit(cases: Sequence[Case], fields: Iterable[str], *, start: Efficiency = DEFAULT_EFFICIENCY,
         tables: ProfileTable | None = None, max_evals: int = 400,
-        bounds: Mapping[str, tuple[float, float]] = BOUNDS) -> Efficiency:
-    """The Efficiency whose `fields` best predict the fitted `cases` (others kept from `start`)."""
+        bounds: Mapping[str, tuple[float, float]] = BOUNDS, prior_weight: float = 0.0) -> Efficiency:
+    """The Efficiency whose `fields` best predict the fitted `cases` (others kept from `start`);
+    `prior_weight` > 0 adds the log-space prior towards `start` (module docstring)."""
     from scipy.optimize import least_squares
 
     names = list(fields)
@@ -73,15 +78,25 @@ def fit(cases: Sequence[Case], fields: Iterable[str], *, start: Efficiency = DEF
         raise SpecError("nothing to fit: no case is marked fitted")
     lo = np.log([bounds[n][0] for n in names])
     hi = np.log([bounds[n][1] for n in names])
-    # A field off by default (e.g. train_half_tokens = 0) starts at its lower bound: log(0) is not a start.
+    # A field off by default (e.g. train_half_tokens = 0) has no start of its own (log 0): it starts
+    # midway (in log space) between its bounds, not on the lower one, where its gradient vanishes
+    # (mb / (mb + 1) is flat) and the trust region never leaves it.
+    off = np.array([float(getattr(start, n)) < bounds[n][0] for n in names])
     x0 = np.clip(np.log([max(float(getattr(start, n)), bounds[n][0]) for n in names]), lo + 1e-9, hi - 1e-9)
+    x0 = np.where(off, (lo + hi) / 2, x0)
 
     def efficiency(x: np.ndarray) -> Efficiency:
         return replace(start, **{n: float(math.exp(v)) for n, v in zip(names, x, strict=True)})
 
+    # The prior holds only fields that start at a value (one off by default, e.g. train_half_tokens =
+    # 0, has no value to be held to).
+    prior_at = np.log([max(float(getattr(start, n)), bounds[n][0]) for n in names])
+    held = ~off
+
     def residuals(x: np.ndarray) -> np.ndarray:
         cm = _model(efficiency(x), tables)
-        return np.array([math.log(max(c.predict(cm), 1e-30) / c.measured) for c in used])
+        data = np.array([math.log(max(c.predict(cm), 1e-30) / c.measured) for c in used])
+        return np.concatenate([data, prior_weight * (x - prior_at)[held]]) if prior_weight > 0 else data
 
     found = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, max_nfev=max_evals,
                           diff_step=1e-3)
@@ -119,10 +134,11 @@ class Judged:
 
 def leave_one_source_out(cases: Sequence[Case], fields: Iterable[str], *, start: Efficiency = DEFAULT_EFFICIENCY,
                          tables: ProfileTable | None = None,
-                         progress: Callable[[str], None] | None = None) -> tuple[Efficiency, list[Judged]]:
+                         progress: Callable[[str], None] | None = None,
+                         prior_weight: float = 0.0) -> tuple[Efficiency, list[Judged]]:
     """Fit on all cases, then once per source without it; every case judged both ways."""
     names = list(fields)
-    full = fit(cases, names, start=start, tables=tables)
+    full = fit(cases, names, start=start, tables=tables, prior_weight=prior_weight)
     cm_full = _model(full, tables)
     judged: list[Judged] = []
     for source in sorted({c.source for c in cases}):
@@ -131,7 +147,7 @@ def leave_one_source_out(cases: Sequence[Case], fields: Iterable[str], *, start:
         mine = [c for c in cases if c.source == source]
         rest = [c for c in cases if c.source != source]
         free = _constrained(rest, names, start, tables)
-        held = fit(rest, free, start=start, tables=tables) if free else start
+        held = fit(rest, free, start=start, tables=tables, prior_weight=prior_weight) if free else start
         cm_held = _model(held, tables)
         for c in mine:
             p, q = c.predict(cm_full), c.predict(cm_held)
