@@ -57,7 +57,7 @@ def _model(name: str) -> ModelSpec:
 
 
 def _layout(text: str) -> dict[str, int]:
-    found = {k.lower(): int(v) for k, v in re.findall(r"\b(TP|PP|DP|CP|VP|EP|FSDP)(\d+)", text)}
+    found = {k.lower(): int(v) for k, v in re.findall(r"\b(TP|PP|DP|CP|VP|EP|FSDP|MBS)(\d+)", text)}
     fsdp = found.pop("fsdp", None)  # "FSDP8" is 8 ranks, but "FSDP2 (DP64)" names torch's FSDP2
     if fsdp is not None and "dp" not in found:
         found["dp"] = fsdp
@@ -117,7 +117,8 @@ def _train(row: CalibrationRow, model: ModelSpec, gpu: GpuType) -> Callable[[Cos
     peak = get_gpu(row.gpu_type).bf16_flops  # MFU is quoted against the bf16 peak
     seq, tokens = row.seq_len, row.tokens_per_step
     zero = 3 if "FSDP" in row.layout else 1
-    kw = {"seq_len": seq, "microbatch_tokens": seq, "zero_stage": zero, "recompute": "selective",
+    mbs = lay.pop("mbs", 1)  # sequences per micro-batch where the source gives it (Megatron-Bridge's MBS)
+    kw = {"seq_len": seq, "microbatch_tokens": seq * mbs, "zero_stage": zero, "recompute": "selective",
           "virtual_stages": vp, "gpus_per_node": NODE_SIZE.get(gpu.name, 8),
           "inter_node_bytes_per_s": INTER_NODE.get(gpu.name, 50e9)}
 

@@ -61,3 +61,13 @@ def test_expert_matmul_held_out_is_judged_from_its_neutral_start() -> None:
         if j.case.source == cases[1].source:
             assert j.held_out_predicted == pytest.approx(j.case.predict(held), rel=1e-9), j.case.id
             assert j.held_out_error > 0.5  # no expert loss: far too fast, as it should be without the rows
+
+
+def test_c34_is_priced_at_its_published_micro_batch() -> None:
+    """Megatron-Bridge's H100 gpt-oss-120b row runs micro-batches of 4 sequences (its MBS column):
+    fewer, larger micro-batches, so PP4's pipeline bubble is larger than at MBS 1."""
+    row = ROWS["C34"]
+    assert "MBS4" in row.layout
+    mbs1 = case(row.model_copy(update={"layout": row.layout.replace("MBS4", "MBS1")}))
+    assert not isinstance(mbs1, Skipped)
+    assert _case("C34").predict(CM) < mbs1.predict(CM)
