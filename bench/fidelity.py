@@ -33,7 +33,7 @@ NEUTRAL = replace(DEFAULT_EFFICIENCY, matmul=0.5, memory=0.7, decode_overhead_s=
 # Weight of the log-space prior (traces.costmodel.fit): a field moved by a factor 1.5 off its start
 # costs about as much as one row predicted 10% off (soft-L1 at f_scale 0.1). Chosen once, not tuned.
 PRIOR_WEIGHT = 0.3
-FIELDS = ("matmul", "memory", "decode_overhead_s", "decode_overhead_per_seq_s", "prefill_overhead_s",
+FIELDS = ("matmul", "memory", "roofline_p", "decode_overhead_s", "decode_overhead_per_seq_s", "prefill_overhead_s",
           "train_matmul", "expert_matmul", "train_half_tokens", "comm_overlap", "collective_latency_s",
           "sync_fixed_s", "sync_per_tensor_s")
 

@@ -125,3 +125,24 @@ def test_bad_profile_table_is_named() -> None:
         ProfileTable.from_frame(pd.DataFrame({"gpu_type": ["H100"]}))
     with pytest.raises(SpecError, match="unknown stage"):
         _table([{"gpu_type": "H100", "model": "x", "stage": "decoder", "tp": 1, "seconds": 1.0}])
+
+
+def test_roofline_p_blends_compute_and_memory_most_at_the_ridge() -> None:
+    """Efficiency.roofline_p: 0 is the plain roofline (the larger time), 1 the sum, between them the
+    p-norm; a pass far from the ridge (a long prompt: compute-bound) barely moves, one on it does."""
+    from dataclasses import replace
+
+    from traces.costmodel import DEFAULT_EFFICIENCY
+    from traces.costmodel.roofline import prefill_seconds, roof_seconds
+
+    eff = DEFAULT_EFFICIENCY
+    assert float(roof_seconds(3.0, 4.0, eff)) == 4.0
+    assert float(roof_seconds(3.0, 4.0, replace(eff, roofline_p=1.0))) == pytest.approx(7.0)
+    assert float(roof_seconds(3.0, 4.0, replace(eff, roofline_p=2.0))) == pytest.approx(5.0)
+    gpu, model, blended = get_gpu("A100-80G"), get_model("llama-2-7b"), replace(eff, roofline_p=4.0)
+
+    def gain(tokens: int) -> float:
+        return float(prefill_seconds(gpu, model, 1, tokens, tokens, blended)
+                     / prefill_seconds(gpu, model, 1, tokens, tokens, eff)) - 1
+
+    assert gain(8 * 2048) < 0.01 < 0.05 < gain(128)

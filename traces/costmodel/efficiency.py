@@ -27,6 +27,12 @@ class Efficiency:
     # per sequence), seconds per sequence.
     decode_overhead_s: float = 0.00217
     decode_overhead_per_seq_s: float = 4.52e-5
+    # How a pass's compute and memory times combine: 0 takes the larger (the plain roofline); p > 0
+    # takes (compute^p + memory^p)^(1/p), which lies between the sum (p = 1) and the larger one, and
+    # costs most where the two are equal (the ridge: a short prefill, decode at batch 32-128), where
+    # kernels do not stream HBM and fill the tensor cores at the same time. Off in the shipped
+    # profile; bench/fidelity.py fits it (rows C15 and C4 sit near the ridge).
+    roofline_p: float = 0.0
     # Fixed cost per prefill forward pass (scheduling, launches: no CUDA graph for prefill), seconds.
     prefill_overhead_s: float = 0.0075
     # Fraction of the achievable matmul rate the training step reaches, non-matmul ops included.

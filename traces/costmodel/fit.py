@@ -35,6 +35,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "train_matmul": (0.2, 1.0),
     "expert_matmul": (0.05, 1.0),
     "train_half_tokens": (1.0, 16384.0),
+    "roofline_p": (1.0, 64.0),  # the sum .. (nearly) the larger of compute and memory
     "comm_overlap": (0.01, 0.99),  # log-space fit: a floor above 0
     "collective_latency_s": (1e-6, 1e-3),
     "sync_fixed_s": (1e-3, 1.0),

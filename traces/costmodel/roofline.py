@@ -47,6 +47,17 @@ def _memory_eff(gpu: GpuType, eff: Efficiency) -> float:
     return eff.memory
 
 
+def roof_seconds(compute: ArrayLike, memory: ArrayLike, eff: Efficiency) -> Array:
+    """A pass's time from its compute and memory times: the larger one, or their p-norm
+    (Efficiency.roofline_p), which adds most where the two are equal."""
+    c, m = _f(compute), _f(memory)
+    if eff.roofline_p <= 0:
+        return np.maximum(c, m)
+    p = eff.roofline_p
+    top = np.maximum(np.maximum(c, m), 1e-300)  # scaled: no overflow of a tiny time to a power
+    return top * ((c / top) ** p + (m / top) ** p) ** (1 / p)
+
+
 def allreduce_seconds(nbytes: ArrayLike, ranks: ArrayLike, link_bytes_per_s: float, eff: Efficiency) -> Array:
     """Ring all-reduce: each rank sends and receives 2(n-1)/n of the message, plus a latency."""
     n = _f(ranks)
@@ -64,7 +75,7 @@ def _engine_pass_seconds(
     gpu: GpuType, model: ModelSpec, tp: Array, ep: Array, tokens: Array, flops: Array, kv_bytes: Array,
     eff: Efficiency,
 ) -> tuple[Array, Array]:
-    """(max(compute, memory), communication) of one engine forward pass over `tokens` tokens.
+    """(roof_seconds(compute, memory), communication) of one engine forward pass over `tokens` tokens.
 
     Per GPU: compute = flops / (t F e_mm); memory = (dense W / a + (touched experts + KV) / t) /
     (BW e_mem), with a = t (TP) or 1 (EP: dense weights whole on every GPU); TP: 2 all-reduces per
@@ -81,7 +92,7 @@ def _engine_pass_seconds(
     if model.moe is not None:
         routed = tokens / replicas * model.moe.experts_per_token * model.hidden * model.bytes_per_param
         comm = comm + 2 * model.moe_layers * alltoall_seconds(routed, ep, gpu.link_bytes_per_s, eff)
-    return np.maximum(compute, memory), comm
+    return roof_seconds(compute, memory, eff), comm
 
 
 def decode_seconds(
@@ -90,7 +101,7 @@ def decode_seconds(
 ) -> Array:
     """One decode iteration of an engine: B sequences at mean context L, TP t (EP: see above).
 
-    max(compute, memory) + TP all-reduces (+ EP all-to-alls) + an overhead (fixed + per running
+    roof(compute, memory) + TP all-reduces (+ EP all-to-alls) + an overhead (fixed + per running
     sequence), where
     compute = (2 P B + 4 layers B L attn_dim) / (t F e_mm)  (matmuls + attention scores/values)
     memory  = (W_touched(B) + B L kv) / (t BW e_mem)         (stream weights and the KV cache once)
