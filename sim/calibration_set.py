@@ -163,16 +163,49 @@ def k6_step(cm: CostModel, sigma: float = 0.7, steps: int = 6) -> float:
     return simulate(cluster, w, plan, cm, steps=steps, seed=0).mean_step_s
 
 
+# Runs written down in full (cluster, workload, plan) under traces/data/runs/, by their rows' `run`.
+RUN_DIRS = {"verl-7412-qwen3-4b": "verl-qwen3-4b-4x4090"}
+# A row's unit -> the phase of sim.breakdown (verl's timing_s/gen is the trainer's wait in sync modes).
+PHASE_OF_UNIT = {"gen_s": "wait", "logprob_s": "logprob", "train_s": "train", "sync_s": "sync", "step_s": "step"}
+_RUN_STEPS = 4
+
+
+def run_phases(run: str, cm: CostModel) -> dict[str, float]:
+    """Mean simulated phases (sim.breakdown.mean_phases) of a written-down run, memoised per cost model."""
+    key = (run, id(cm.tables), cm.efficiency)
+    if key not in _PHASES:
+        from importlib import resources
+
+        from sim.breakdown import mean_phases
+        from sim.simulate import simulate
+        from traces import load_cluster, load_plan, load_workload
+
+        d = resources.files("traces").joinpath("data", "runs", RUN_DIRS[run])
+        plan = load_plan(str(d / "plan.json"))
+        r = simulate(load_cluster(str(d / "cluster.yaml")), load_workload(str(d / "workload.yaml")), plan, cm,
+                     steps=_RUN_STEPS, seed=0)
+        _PHASES[key] = mean_phases(r.timeline, plan.staleness)
+    return _PHASES[key]
+
+
+_PHASES: dict[tuple[str, int, object], dict[str, float]] = {}
+
+
 def _rl_step(row: CalibrationRow) -> Callable[[CostModel], float] | str:
-    if row.id != "K6":
-        return "the setup's generation/trainer split and response lengths are not published"
-    return k6_step
+    if row.id == "K6":
+        return k6_step
+    if row.run in RUN_DIRS and row.unit in PHASE_OF_UNIT:
+        run, phase = row.run, PHASE_OF_UNIT[row.unit]
+        return lambda cm: run_phases(run, cm)[phase]
+    return "the setup's generation/trainer split and response lengths are not published"
 
 
 def case(row: CalibrationRow) -> Case | Skipped:
     """The row as a fit Case (its prediction in the row's unit), or why it cannot be predicted."""
     if row.kind == "kernel":
         return Skipped(row.id, "a catalog fact (the GPU's matmul ceiling or copy rate), not a cost-model output")
+    if row.kind == "rl_step" and row.run in RUN_DIRS:  # the run's own cluster file declares its GPUs
+        return _judged(row, _rl_step(row))
     try:
         model = _model(row.model)
     except SpecError:
@@ -199,6 +232,10 @@ def case(row: CalibrationRow) -> Case | Skipped:
             "the weight path (host-memory broadcast or many receivers over the network) is not modelled"
     else:
         predict = _rl_step(row)
+    return _judged(row, predict)
+
+
+def _judged(row: CalibrationRow, predict: Callable[[CostModel], float] | str) -> Case | Skipped:
     if isinstance(predict, str):
         return Skipped(row.id, predict)
     return Case(row.id, row.source_key, row.kind, row.value, predict, fitted=row.kind != "rl_step")

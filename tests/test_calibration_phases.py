@@ -1,0 +1,70 @@
+"""Per-phase reproduction of published RL steps (issue 20's acceptance): each phase within 20%.
+
+Colocated: verl issue 7412's logged GRPO step (Qwen3-4B on four RTX 4090 48 GB, rows C53-C57, the
+run written down in traces/data/runs/verl-qwen3-4b-4x4090), simulated with the shipped cost model
+(not the profile `rlfleet calibrate` fits to that same log: that would be judging a fit on its data).
+It misses every phase, too fast: strict xfails carry the measured miss and what is not modelled.
+A published disaggregated per-phase breakdown of a dense model is not in the set yet (AReaL v0.3's
+rows C42/C44 give whole steps only).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.calibration_set import Skipped, case
+from traces import CostModel
+from traces.calibration import load_calibration
+
+ROWS = {r.id: r for r in load_calibration()}
+CM = CostModel()
+# The measured misses (shipped cost model), and what may cause them (the run's settings are not published):
+GEN = ("generation -70%; at rollout.gpu_memory_utilization 0.5 (verl's ppo_trainer.yaml default, which the "
+       "issue does not show overridden; the cost model's engine_memory_fraction is 0.9) it is -40%: half the KV "
+       "cache runs fewer sequences at once; the rest is not explained")
+LOGPROB = ("logprob passes -57%; not modelled, a candidate: FSDP all-gathers the parameters for every "
+           "micro-batch, over PCIe here; the cost model prices one gather a pass")
+TRAIN = ("update_actor -80%; not modelled, candidates: FSDP re-gathers parameters and reduce-scatters "
+         "gradients every micro-batch (priced once a step), over PCIe 4.0 without NVLink; CPU offload, "
+         "which the issue does not show")
+SYNC = ("update_weights -91%; not modelled: verl's FSDP -> vLLM resharding (full tensors gathered, loaded "
+        "one by one) is priced as one broadcast")
+STEP = "step -72%: the sum of the misses above"
+
+
+@pytest.mark.parametrize("row_id", [
+    pytest.param("C53", marks=pytest.mark.xfail(strict=True, reason=GEN)),
+    pytest.param("C54", marks=pytest.mark.xfail(strict=True, reason=LOGPROB)),
+    pytest.param("C55", marks=pytest.mark.xfail(strict=True, reason=TRAIN)),
+    pytest.param("C56", marks=pytest.mark.xfail(strict=True, reason=SYNC)),
+    pytest.param("C57", marks=pytest.mark.xfail(strict=True, reason=STEP)),
+])
+def test_published_colocated_step_phases_within_20_percent(row_id: str) -> None:
+    c = case(ROWS[row_id])
+    assert not isinstance(c, Skipped), c
+    assert abs(c.error(CM)) < 0.20, f"{row_id} ({ROWS[row_id].unit}): {c.error(CM):+.0%}"
+
+
+def test_the_phase_rows_are_one_run_predicted_by_simulation() -> None:
+    """The five rows share one simulated run (memoised): their phases add up to its step, as the log's do."""
+    from sim.calibration_set import run_phases
+
+    phases = run_phases("verl-7412-qwen3-4b", CM)
+    assert case(ROWS["C57"]).predict(CM) == phases["step"]
+    measured = sum(ROWS[i].value for i in ("C53", "C54", "C55", "C56"))
+    assert measured == pytest.approx(ROWS["C57"].value, rel=0.01)
+    parts = phases["wait"] + phases["switch"] + phases["logprob"] + phases["train"] + phases["sync"]
+    assert parts == pytest.approx(phases["step"], rel=0.02)
+
+
+def test_verls_rollout_memory_cap_moves_generation_towards_the_log() -> None:
+    """The one named cause that can be tried: at verl's default rollout.gpu_memory_utilization (0.5)
+    the simulated generation phase doubles towards the logged 541 s (from -70% to -40%)."""
+    from dataclasses import replace
+
+    from sim.calibration_set import run_phases
+
+    capped = CostModel(CM.tables, replace(CM.efficiency, engine_memory_fraction=0.5))
+    full, half = run_phases("verl-7412-qwen3-4b", CM)["wait"], run_phases("verl-7412-qwen3-4b", capped)["wait"]
+    assert full < half < ROWS["C53"].value
+    assert half / ROWS["C53"].value - 1 == pytest.approx(-0.40, abs=0.05)
