@@ -118,7 +118,8 @@ def _train(row: CalibrationRow, model: ModelSpec, gpu: GpuType) -> Callable[[Cos
     seq, tokens = row.seq_len, row.tokens_per_step
     zero = 3 if "FSDP" in row.layout else 1
     mbs = lay.pop("mbs", 1)  # sequences per micro-batch where the source gives it (Megatron-Bridge's MBS)
-    kw = {"seq_len": seq, "microbatch_tokens": seq * mbs, "zero_stage": zero, "recompute": "selective",
+    recompute = "full" if "full recompute" in row.layout else "none" if "no recompute" in row.layout else "selective"
+    kw = {"seq_len": seq, "microbatch_tokens": seq * mbs, "zero_stage": zero, "recompute": recompute,
           "virtual_stages": vp, "gpus_per_node": NODE_SIZE.get(gpu.name, 8),
           "inter_node_bytes_per_s": INTER_NODE.get(gpu.name, 50e9)}
 
