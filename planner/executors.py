@@ -15,9 +15,12 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import pickle
 import sys
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -91,7 +94,7 @@ def run(job: Job[C, T, R], items: Sequence[T], executor: Executor | str | None =
         if kind == "serial":
             results = _serial(job, items, progress)
         elif kind == "processes":
-            results = _processes(job, items, min(chosen.workers or cores(), len(items)), progress)
+            results = _processes(job, items, chosen.workers or cores(), progress)
         else:
             results = _ray(job, items, chosen.ray_address, progress)
     for result in results:
@@ -132,29 +135,44 @@ def _serial(job: Job[C, T, R], items: list[T], progress: Any) -> list[Any]:
 
 
 # ---- local processes -------------------------------------------------------------------------------
-_context: Any = None  # a worker process's shared context, built once by its initializer
+# One pool per process, reused by every sweep (a notebook sweeps many times; a worker's start, its
+# imports and compiled kernels, is seconds). Each task carries the sweep's payload pickled once, as
+# bytes, with the sweep's key: a worker unpickles and sets it up the first time it meets the key.
+_pool: tuple[int, ProcessPoolExecutor] | None = None
+_worker_context: tuple[str, Any] | None = None  # a worker's (sweep key, context): the last sweep only
 
 
-def _process_setup(setup: Callable[[Any], Any], payload: Any) -> None:
-    global _context
-    set_quiet(True)  # one bar, the caller's
-    _context = setup(payload)
+def _process_work(setup: Callable[[Any], Any], work: Callable[[Any, Any], Any], key: str, payload: bytes,
+                  item: Any) -> Any:
+    global _worker_context
+    if _worker_context is None or _worker_context[0] != key:
+        set_quiet(True)  # one bar, the caller's
+        _worker_context = (key, setup(pickle.loads(payload)))
+    return _guarded(work, _worker_context[1], item)
 
 
-def _process_work(work: Callable[[Any, Any], Any], item: Any) -> Any:
-    return _guarded(work, _context, item)
+def _worker_pool(workers: int) -> ProcessPoolExecutor:
+    global _pool
+    if _pool is None or _pool[0] != workers:
+        if _pool is not None:
+            _pool[1].shutdown(wait=False, cancel_futures=True)
+        # spawn, not fork: the caller may hold threads (tqdm's monitor, HiGHS, numba, Ray), and a forked
+        # child of a threaded process can deadlock on a lock one of them held. Workers start on demand.
+        _pool = (workers, ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")))
+    return _pool[1]
 
 
 def _processes(job: Job[C, T, R], items: list[T], workers: int, progress: Any) -> list[Any]:
-    # spawn, not fork: the caller may hold threads (tqdm's monitor, HiGHS, numba, Ray), and a forked
-    # child of a threaded process can deadlock on a lock one of them held
-    spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=spawn, initializer=_process_setup,
-                             initargs=(job.setup, job.payload)) as pool:
-        futures = [pool.submit(_process_work, job.work, item) for item in items]
+    global _pool
+    pool, key, payload = _worker_pool(workers), uuid.uuid4().hex, pickle.dumps(job.payload)
+    try:
+        futures = [pool.submit(_process_work, job.setup, job.work, key, payload, item) for item in items]
         for _ in as_completed(futures):
             progress.update()
         return [f.result() for f in futures]
+    except BrokenProcessPool:  # a worker died (killed, out of memory): the next sweep starts a new pool
+        _pool = None
+        raise
 
 
 # ---- Ray ---------------------------------------------------------------------------------------------
