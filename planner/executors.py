@@ -7,7 +7,9 @@ item)` answers one item. Both are module-level functions and the payload and ite
 seeded simulations the results are identical wherever they ran, and they come back in input order.
 
 A SpecError raised by an item is re-raised here as the same one line (the first failing item in
-input order), not as a worker's traceback.
+input order), not as a worker's traceback. Ray workers import these functions by name: on a cluster
+of several machines every node needs this rlfleet installed (`pip install 'rlfleet[runtime]'`); a
+local Ray started here runs with this process's environment.
 """
 
 from __future__ import annotations
