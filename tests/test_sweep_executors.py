@@ -14,7 +14,7 @@ from planner.executors import Executor, Job, join_ray, run
 from planner.sweeps import Change, pareto, what_if
 from traces import Cluster, CostModel, SpecError, Workload, get_model
 from traces.lengths import LengthDist
-from traces.ray_address import check_ray_address
+from traces.ray_address import check_ray_address, host_port
 
 CM = CostModel.roofline_only()
 # a small async job on two nodes: a sweep of four variants simulates in seconds
@@ -118,6 +118,8 @@ def test_bad_executor_values_are_one_line() -> None:
             check_ray_address(bad)
     for good in ("auto", "local", "127.0.0.1:6379", "ray://head-0.svc:10001", "[::1]:6379"):
         assert check_ray_address(good) == good
+    assert host_port("ray://head-0.svc:10001") == ("head-0.svc", 10001) and host_port("[::1]:6379") == ("::1", 6379)
+    assert host_port("auto") is None
     assert Executor(ray_address="10.0.0.1:6379").resolve(8) == "ray"
     assert Executor().resolve(1) == "serial"
 
@@ -130,6 +132,8 @@ def test_cli_executor_flags(cli, write) -> None:  # type: ignore[no-untyped-def]
     for argv, says in (((*base, "--objective", "pareto", "--executor", "threads"), "invalid choice"),
                        ((*base, "--objective", "pareto", "--ray-address", "nowhere"), "give the head's host:port"),
                        ((*base, "--executor", "serial"), "place the points of --objective pareto"),
+                       ((*base, "--objective", "pareto", "--sim-steps", "2", "--ray-address", "127.0.0.1:1"),
+                        "nothing answers at Ray address 127.0.0.1:1"),  # port 1: refused at once
                        ((*base, "--objective", "pareto", "--executor", "processes", "--ray-address", "auto"),
                         "use executor 'ray'")):
         r = cli(*argv)

@@ -28,3 +28,13 @@ def check_ray_address(text: str) -> str:
         return text
     raise SpecError(f"ray address {text!r}: give the head's host:port (e.g. 127.0.0.1:6379), ray://host:10001 "
                     "(Ray Client), auto (the cluster `ray start` made here) or local (a new one on this machine)")
+
+
+def host_port(address: str) -> tuple[str, int] | None:
+    """The host and port an address names (None for auto and local), after check_ray_address."""
+    text = check_ray_address(address)
+    if text in ("auto", "local"):
+        return None
+    match = _ADDRESS.match(text)
+    assert match is not None  # check_ray_address matched it
+    return match.group(2).strip("[]"), int(match.group(4))
