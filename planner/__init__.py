@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Change", "pareto", "plan", "plan_report", "what_if"]
+__all__ = ["Change", "Executor", "PlanRequest", "pareto", "plan", "plan_many", "plan_report", "what_if"]
 
 
 def __getattr__(name: str) -> Any:
@@ -15,6 +15,14 @@ def __getattr__(name: str) -> Any:
         from planner import api
 
         return getattr(api, name)
+    if name in ("PlanRequest", "plan_many"):
+        from planner import batch
+
+        return getattr(batch, name)
+    if name == "Executor":
+        from planner import executors
+
+        return executors.Executor
     if name in __all__:
         from planner import sweeps
 

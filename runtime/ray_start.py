@@ -7,8 +7,9 @@ import os
 
 from runtime.placement import TYPE_RESOURCE
 from traces import Plan
+from traces.ray_address import LOOPBACK_ENV  # "0": Ray takes 127.0.0.1 as the node address
 
-LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray takes 127.0.0.1 as the node address
+__all__ = ["LOOPBACK_ENV", "init_ray"]
 
 
 def init_ray(plan: Plan, address: str | None = None, extra_cpus: int = 1) -> None:

@@ -97,3 +97,24 @@ def int_list(text: str) -> tuple[int, ...]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive whole numbers, got {text!r}")
     return values
+
+
+def ray_address(text: str) -> str:
+    """argparse type for a Ray address (traces.ray_address): a bad one is one line naming the forms."""
+    from traces.errors import SpecError
+    from traces.ray_address import check_ray_address
+
+    try:
+        return check_ray_address(text)
+    except SpecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_executor_args(p: argparse.ArgumentParser, what: str) -> None:
+    """--executor and --ray-address: where `what` runs (planner.executors)."""
+    p.add_argument("--executor", choices=("auto", "serial", "processes", "ray"), default=None,
+                   help=f"where {what} run: serial (this process), processes (local processes), ray (Ray tasks); "
+                        "default auto: processes when more than one core, ray with --ray-address")
+    p.add_argument("--ray-address", type=ray_address, metavar="HOST:PORT",
+                   help="the Ray cluster for --executor ray (host:port, ray://host:port, auto); default: a new "
+                        "local Ray on loopback")

@@ -8,9 +8,17 @@ import sys
 from typing import Any
 
 from planner.bounds import MAX_SIMULATIONS, PLAN_SECONDS
-from planner.commands.args import add_profile_arg, cost_model, emit, non_negative_seed, positive_float, positive_int
+from planner.commands.args import (
+    add_executor_args,
+    add_profile_arg,
+    cost_model,
+    emit,
+    non_negative_seed,
+    positive_float,
+    positive_int,
+)
 from planner.exports import summary, summary_lines
-from traces import load_cluster, load_workload
+from traces import SpecError, load_cluster, load_workload
 from traces.io import check_target
 from traces.records import recommended_steps
 
@@ -40,6 +48,7 @@ def register(sub: Any) -> None:
                    help="search only plans this framework launches as they are (one rollout engine kind on whole "
                         "nodes), so `rlfleet export` writes exactly the simulated plan; compared with the free plan")
     p.add_argument("--out", metavar="PLAN_JSON", help="write the chosen plan (traces plan format) here")
+    add_executor_args(p, "the pareto sweep's points (--objective pareto)")
     add_profile_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
@@ -47,15 +56,20 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from planner.api import plan_report
+    from planner.executors import Executor
     from planner.sweeps import pareto
 
+    if args.objective != "pareto" and (args.executor or args.ray_address):
+        raise SpecError("--executor and --ray-address place the points of --objective pareto; drop them for "
+                        f"--objective {args.objective}")
+    executor = Executor(args.executor or "auto", args.ray_address) if args.executor or args.ray_address else None
     cluster, workload = load_cluster(args.cluster), load_workload(args.workload)
     if args.out:  # a bad output path is one line now, not after planning
         check_target(args.out)
     if args.objective == "pareto":
         eta = workload.staleness if workload.mode == "async" else 0
         frame = pareto(cluster, workload, solver=args.solver, cost_model=cost_model(args),
-                       sim_steps=args.sim_steps or recommended_steps(eta), seed=args.seed)
+                       sim_steps=args.sim_steps or recommended_steps(eta), seed=args.seed, executor=executor)
         emit({"pareto": frame.to_dict(orient="records")}, args.json,
              ["min-cost plans by target (samples_per_s: the MILP's analytic figure; simulated_samples_per_s: "
               "the same plan simulated):", frame.round(3).to_string(index=False)])
