@@ -216,7 +216,8 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
                     reprefill = cm.prefill(pool.gpu, model, tp, points * context, context, ep).seconds
                     update = tuple((sync_seconds + reprefill).tolist())
                 elif workload.mode == "async":
-                    update = drain_update_seconds(workload, points, rates, residuals, sync_seconds)
+                    update = drain_update_seconds(cm, pool.gpu, workload, tp, ep, points, residuals, context,
+                                                  sync_seconds)
                 out.append(EngineOption(pool.index, tp, float((widths * slopes).sum()), full,
                                         tp * pool.gpu.price_per_gpu_hour,
                                         tuple(zip(widths.tolist(), slopes.tolist(), strict=True)),
@@ -224,13 +225,14 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
     return out
 
 
-def drain_update_seconds(workload: Workload, points: np.ndarray, rates: np.ndarray, residuals: np.ndarray,
-                         sync_seconds: float) -> tuple[float, ...]:
+def drain_update_seconds(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, ep: int, points: np.ndarray,
+                         residuals: np.ndarray, context: float, sync_seconds: float) -> tuple[float, ...]:
     """Seconds per trainer step a non-interruptible engine loses draining its batch (and waiting for
-    the weights) at each load point (planner.tail_model); `rates`: trained samples/s at `points`."""
-    raw = rates * workload.generated_per_trained  # generated samples/s: the engine decodes the dropped ones too
-    loss = drain_loss_seconds(residuals, points, raw, workload.response_len.expected(), sync_seconds)
-    return tuple(loss.tolist())
+    the weights) at each load point (planner.tail_model)."""
+    def iteration(running: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+        return np.asarray(cm.decode(gpu, workload.model, tp, running, ctx, ep).seconds, dtype=float)
+
+    return tuple(drain_loss_seconds(residuals, points, iteration, context, sync_seconds).tolist())
 
 
 DRAWS = 4096  # seeded response draws for the on-policy drain curve

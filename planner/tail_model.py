@@ -5,23 +5,28 @@ pending and loads the new weights only once its batch is empty. So at every trai
 the n samples it holds down to the last one while no new sample joins, and then waits for the
 weights if they are not in yet. Under continuous batching the samples held at a random instant are
 length-biased and part-way through (renewal theory: a held sample's residual length R = U o, o
-drawn with probability proportional to its length, U uniform; E[R] = E[o^2] / (2 E[o])), so the
-drain takes about E[max of n R] decode iterations, in which the engine does n E[R] tokens of work
-that a full batch would have done in E[R] iterations. Each step it loses
+drawn with probability proportional to its length, U uniform; E[R] = E[o^2] / (2 E[o])). The
+drain runs decode positions k = 0 .. E[max of n R] with the n S_R(k) samples still running
+(S_R: the residuals' survival), each iteration priced by the cost model at that batch, as
+planner.candidates.drain_rates prices a one-shot batch:
 
-    loss(n) = (E[max_n R] - E[R]) t(n) + max(0, sync - E[max_n R] t(n)),   t(n) = n / (rate(n) E[o])
+    D(n) = sum_k t(n S_R(k)),    loss(n) = max(D(n), sync) - E[R] t(n)
 
-seconds at its steady rate (t(n): one decode iteration at load n, from the steady rate by
-Little's law, n samples of E[o] tokens each completing at rate(n)), which EngineOption.derated
-takes out of each trainer period as it does an interruptible engine's weight wait. The thinning
-batch decodes faster than a full one, so this errs on the side of a larger loss.
+seconds per step: the drain (or the weights, if they come later) less the n E[R] tokens of work
+it did, which a full batch of n would have done in E[R] iterations of t(n).
+EngineOption.derated takes the loss out of each trainer period, as it does an interruptible
+engine's weight wait.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 RESIDUAL_DRAWS = 1 << 14  # seeded residual lengths per workload
+POSITIONS = 65  # decode positions priced along a drain (as drain_rates)
+IterationSeconds = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (running, context) -> one iteration's s
 
 
 def residual_lengths(draws: np.ndarray, seed: int = 0) -> np.ndarray:
@@ -32,11 +37,15 @@ def residual_lengths(draws: np.ndarray, seed: int = 0) -> np.ndarray:
     return np.sort(picked * rng.random(RESIDUAL_DRAWS))
 
 
-def drain_loss_seconds(residuals: np.ndarray, points: np.ndarray, rates: np.ndarray, mean_length: float,
+def drain_loss_seconds(residuals: np.ndarray, points: np.ndarray, iteration: IterationSeconds, context: float,
                        sync_seconds: float) -> np.ndarray:
-    """loss(n) per load point n (the module docstring), for an engine of steady `rates` at `points`."""
-    n = points.astype(float)
-    longest = np.quantile(residuals, n / (n + 1))  # E[max of n] ~ the n/(n+1) quantile
-    iteration = n / (np.maximum(np.asarray(rates, float), 1e-300) * mean_length)
-    drain = longest * iteration
-    return np.maximum(0.0, longest - residuals.mean()) * iteration + np.maximum(0.0, sync_seconds - drain)
+    """loss(n) per load point n (the module docstring); `iteration(running, context)` prices one
+    decode iteration, `context` is the mean context of a held sample (prompt plus what it generated)."""
+    n = points.astype(float)[:, None]
+    longest = np.quantile(residuals, n[:, 0] / (n[:, 0] + 1))[:, None]  # E[max of n] ~ the n/(n+1) quantile
+    k = longest * np.linspace(0.0, 1.0, POSITIONS)[None, :]
+    running = np.maximum(1.0, n * (1 - np.searchsorted(residuals, k, "right") / len(residuals)))
+    it = np.asarray(iteration(running, context + k), dtype=float)
+    drain = ((it[:, 1:] + it[:, :-1]) / 2 * np.diff(k, axis=1)).sum(axis=1)
+    full = np.asarray(iteration(n[:, 0], np.full(len(n), context)), dtype=float)
+    return np.maximum(0.0, np.maximum(drain, sync_seconds) - residuals.mean() * full)
