@@ -17,7 +17,9 @@ The cost objective minimises the $/h term subject to z >= target. The LP relaxat
 continuous) bounds the optimum; every solution reports the solver's proven optimality gap.
 Interruptible rollouts lose each step's weight wait and KV re-prefill, a share of the step period
 B / z; the others drain their batch before each update (planner.tail_model): the slopes are derated
-for the period of the previous solve until z settles (a fixed point, at most FIXED_POINT_ROUNDS solves).
+for the period of the previous solve until z settles (a fixed point, at most FIXED_POINT_ROUNDS solves;
+under a target, at the target's period B / target), and each answer's rate is then the one at its own
+period (`settled`), so a plan that meets a target meets it at the period it runs at.
 
 On-policy plans alternate, so the step is a sum, B / G + T_k (or the longest sample, if longer),
 which is not linear. For a fixed trainer and a fixed slowest allowed engine type it grows with G, so
