@@ -5,16 +5,27 @@ models), plans the MILP's best allocation, places it, reprices its weight sync o
 (as the planner does) and simulates it for warm-up + whole steady periods
 (traces.records.recommended_steps). Prints the ratio analytic / simulated per fleet, then the
 median and the worst (the further from 1, the more the MILP ranks plans on a wrong model), and the
-worst fleets again with their placed plans (trainer, engines), to find what the model misses.
-Usage: python bench/analytic_vs_sim.py [--fleets 50] [--seed 0] [--steps N] [--worst 8]
+worst fleets again with their placed plans (trainer, engines), to find what the model misses, and
+the geometric mean of the chosen plans' simulated samples/s (a better analytic model must not pick
+worse plans).
+`--compare REV` also runs this bench as it is at git revision REV (a temporary git worktree, in a
+subprocess, same fleets and seed) and prints both models side by side: ratios and chosen plans.
+Usage: python bench/analytic_vs_sim.py [--fleets 50] [--seed 0] [--steps N] [--worst 8] [--compare REV]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import random
+import re
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 from planner.candidates import candidates
 from planner.milp import solve
@@ -59,15 +70,56 @@ def ratio(cm: CostModel, cluster: Cluster, w: Workload, steps: int | None) -> tu
     return sol.samples_per_s, r.samples_per_s, sol.bottleneck, placed
 
 
+ROW = re.compile(r"^\s*(\d+) .*? (\d+\.\d\d)\s+(\d+\.\d\d)\s+\d+\.\d\d [a-z]")  # a fleet's row, as printed
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(statistics.mean(math.log(v) for v in values)) if values and min(values) > 0 else 0.0
+
+
+def summary(ratios: list[float]) -> str:
+    off = [abs(r - 1) for r in ratios]
+    return (f"median {statistics.median(ratios):.3f}, median |ratio - 1| {statistics.median(off):.1%}, worst "
+            f"{max(ratios, key=lambda r: abs(r - 1)):.2f} (|ratio - 1| {max(off):.1%})")
+
+
+def at_revision(rev: str, args: argparse.Namespace) -> dict[int, tuple[float, float]]:
+    """This bench as it is at git revision `rev`, same fleets: fleet -> (analytic, simulated)."""
+    root = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                               check=True).stdout.strip())
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "old"
+        subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", str(tree), rev], check=True,
+                       capture_output=True)
+        try:
+            cmd = [sys.executable, "bench/analytic_vs_sim.py", "--fleets", str(args.fleets), "--seed",
+                   str(args.seed), "--worst", "0"] + (["--steps", str(args.steps)] if args.steps else [])
+            out = subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True,
+                                 text=True, check=True).stdout
+        finally:
+            subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(tree)], check=False,
+                           capture_output=True)
+    rows: dict[int, tuple[float, float]] = {}
+    for line in out.splitlines():
+        m = ROW.match(line)
+        if m and int(m.group(1)) not in rows:
+            rows[int(m.group(1))] = (float(m.group(2)), float(m.group(3)))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fleets", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=None, help="trainer steps per simulation (default: recommended)")
     ap.add_argument("--worst", type=int, default=8, help="print this many worst fleets with their plans")
+    ap.add_argument("--compare", metavar="REV", help="also run the bench at this git revision, side by side")
     args = ap.parse_args()
+    t_old = time.perf_counter()
+    old = at_revision(args.compare, args) if args.compare else {}
+    t_old = time.perf_counter() - t_old
     cm, rng = CostModel(), random.Random(args.seed)
-    ratios: list[float] = []
+    found: dict[int, tuple[float, float]] = {}
     rows: list[tuple[float, str, str, bool]] = []
     t0 = time.perf_counter()
     print(f"{'#':>3} {'types':<22} {'model':<13} {'mode':<5} {'eta':>3} {'lengths':<16} "
@@ -79,21 +131,34 @@ def main() -> None:
             continue
         analytic, simulated, bottleneck, placed = got
         r = analytic / simulated if simulated > 0 else float("inf")
-        ratios.append(r)
+        found[i] = (analytic, simulated)
         types = "+".join(f"{g.nodes * g.gpus_per_node}{g.gpu_type}" for g in cluster.node_groups)
         rl = w.response_len
         lengths = f"{rl.kind} {rl.expected():.0f}/{rl.max}"
         line = (f"{i:>3} {types:<22} {w.model.name:<13} {w.mode:<5} {w.staleness:>3} {lengths:<16} "
                 f"{analytic:9.2f} {simulated:9.2f} {r:6.2f} {bottleneck}")
         print(line)
-        rows.append((abs(r - 1), line, placed, w.interruptible))
+        kind = "not interruptible" if w.mode == "async" and not w.interruptible else \
+            "interruptible" if w.mode == "async" else "on-policy"
+        rows.append((abs(r - 1), line, placed, kind))
+    elapsed = time.perf_counter() - t0
     print(f"\nthe {args.worst} furthest from 1 (where the analytic model is wrong), with their plans:")
-    for _, line, placed, interruptible in sorted(rows, reverse=True)[:args.worst]:
-        print(f"{line}\n      {placed}; {'interruptible' if interruptible else 'not interruptible'}")
-    off = [abs(r - 1) for r in ratios]
-    print(f"\n{len(ratios)} fleets in {time.perf_counter() - t0:.0f} s: analytic/simulated median "
-          f"{statistics.median(ratios):.3f}, median |ratio - 1| {statistics.median(off):.1%}, worst "
-          f"{max(ratios, key=lambda r: abs(r - 1)):.2f} (|ratio - 1| {max(off):.1%})")
+    for _, line, placed, kind in sorted(rows, reverse=True)[:args.worst]:
+        print(f"{line}\n      {placed}; {kind}")
+    ratios = [a / s for a, s in found.values()]
+    print(f"\n{len(ratios)} fleets in {elapsed:.0f} s: analytic/simulated {summary(ratios)}; chosen plans' "
+          f"simulated samples/s, geometric mean {geomean([s for _, s in found.values()]):.3f}")
+    if args.compare:
+        both = sorted(set(old) & set(found))
+        print(f"\nside by side with {args.compare} ({len(both)} fleets both planned; it ran in {t_old:.0f} s):")
+        print(f"{'#':>3} {'ratio ' + args.compare[:10]:>17} {'ratio now':>10} {'simulated then':>15} {'now':>8}")
+        for i in both:
+            (a0, s0), (a1, s1) = old[i], found[i]
+            print(f"{i:>3} {a0 / s0:17.2f} {a1 / s1:10.2f} {s0:15.2f} {s1:8.2f}")
+        print(f"{args.compare}: {summary([old[i][0] / old[i][1] for i in both])}; chosen plans' geometric mean "
+              f"{geomean([old[i][1] for i in both]):.3f}")
+        print(f"now: {summary([found[i][0] / found[i][1] for i in both])}; chosen plans' geometric mean "
+              f"{geomean([found[i][1] for i in both]):.3f}")
 
 
 if __name__ == "__main__":

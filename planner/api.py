@@ -95,7 +95,7 @@ def plan_report(
     check_request(objective, budget, target, top_k, sim_steps)
     deadline = Deadline(seconds=max_seconds, simulations=max_simulations)
     search = Search(cm, cluster, workload, objective, budget, target, solver, sim_steps, seed,
-                    solver_for(framework) if framework else solve, deadline)
+                    solver_for(framework) if framework else solve, deadline, framework=framework)
     t0 = time.perf_counter()
     cand = candidates(cm, cluster, workload)
     mode: Mode = workload.mode
@@ -112,9 +112,7 @@ def plan_report(
     if not ranked:
         raise deadline.nothing_found()
     if sim_steps > 0:
-        # under --framework the restricted solver already tries every engine kind alone; an engine-mix
-        # move (re-cutting some engines to another TP) would leave what the framework launches
-        ranked = climb(search, ranked, refine, 0 if framework else explore)
+        ranked = climb(search, ranked, refine, explore)
     if objective == "cost" and target is not None and sim_steps > 0:
         ranked = meet_target(search, ranked, top_k)
     chosen = search.pick(ranked)

@@ -25,6 +25,7 @@ from itertools import product
 
 import numpy as np
 
+from planner.tail_model import drain_loss_seconds, residual_lengths
 from traces import Cluster, CostModel, GpuType, ModelSpec, Workload
 from traces.costmodel.rl import trainer_fits, trainer_step_seconds
 from traces.lengths import LengthDist
@@ -67,8 +68,8 @@ class EngineOption:
     # (width, slope): the next `width` in-flight samples add `slope` samples/s each (slopes fall)
     segments: tuple[tuple[float, float], ...]
     tail_seconds: float  # latency of a longest sample decoding alone: the staleness rule's floor
-    # seconds per trainer step lost at each segment's load when rollouts are interruptible: waiting
-    # for the new weights plus re-prefilling the KV cache of the samples it holds
+    # seconds per trainer step lost at each segment's load: interruptible, waiting for the new weights
+    # plus re-prefilling the KV cache of the samples it holds; not, draining them (planner.tail_model)
     update_seconds: tuple[float, ...] = ()
     ep: int = 1  # expert-parallel ranks (1 or tp)
 
@@ -149,15 +150,13 @@ class Candidates:
         while a mean one takes E[o]/E[max o] of that time (traces.staleness; the simulator's trainer).
         By Little's law the samples in flight are z x mean latency <= (E[o]/E[max o]) ((eta + 1) B
         - z step_seconds), and never more than the capacity rule admits.
-        Engines that are not interruptible start a cohort only once their batch has drained and
-        the weights are in (the simulator's engine), which costs about one period of that window:
-        W = max(eta, 1) T, a cap of max(eta, 1) B E[o]/E[max o] that does not move with z.
+        Engines that are not interruptible get the same window: each sample still runs on the
+        weights it started with; their drain before each update is a loss per step in their rate
+        curve (planner.tail_model), not a smaller cap.
         With dynamic sampling the dropped samples are in flight too: the tail scales by the samples
         generated per trained one (tail_ratio), the capacity rule by its oversample.
         """
         admitted = self.admitted_cap * self.oversample  # dynamic sampling may run ahead (traces.capacity)
-        if not self.interruptible:
-            return min(admitted, self.tail_ratio * max(self.staleness, 1) * self.samples_per_step)
         tail = self.tail_ratio * (self.admitted_cap - rate * step_seconds)
         return max(0.0, min(admitted, tail))
 
@@ -188,6 +187,7 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
     square = workload.response_len.expected_square()
     context = prompt + square / (2 * response)  # mean context of a running sample
     draws = np.sort(workload.response_len.sample(np.random.default_rng(0), DRAWS))
+    residuals = residual_lengths(draws)
     out = []
     for pool in pools:
         for tp in _divisors(pool.per_node):
@@ -215,11 +215,24 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
                 if workload.interruptible and workload.mode == "async":
                     reprefill = cm.prefill(pool.gpu, model, tp, points * context, context, ep).seconds
                     update = tuple((sync_seconds + reprefill).tolist())
+                elif workload.mode == "async":
+                    update = drain_update_seconds(cm, pool.gpu, workload, tp, ep, points, residuals, context,
+                                                  sync_seconds)
                 out.append(EngineOption(pool.index, tp, float((widths * slopes).sum()), full,
                                         tp * pool.gpu.price_per_gpu_hour,
                                         tuple(zip(widths.tolist(), slopes.tolist(), strict=True)),
                                         _longest_sample_seconds(cm, pool.gpu, workload, tp, ep), update, ep))
     return out
+
+
+def drain_update_seconds(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, ep: int, points: np.ndarray,
+                         residuals: np.ndarray, context: float, sync_seconds: float) -> tuple[float, ...]:
+    """Seconds per trainer step a non-interruptible engine loses draining its batch (and waiting for
+    the weights) at each load point (planner.tail_model)."""
+    def iteration(running: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+        return np.asarray(cm.decode(gpu, workload.model, tp, running, ctx, ep).seconds, dtype=float)
+
+    return tuple(drain_loss_seconds(residuals, points, iteration, context, sync_seconds).tolist())
 
 
 DRAWS = 4096  # seeded response draws for the on-policy drain curve

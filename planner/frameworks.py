@@ -26,6 +26,20 @@ RULES = {
 Solver = Callable[..., list[Solution]]  # planner.milp.solve's signature
 
 
+def launches(framework: str, cand: Candidates, solution: Solution) -> bool:
+    """Whether `framework` launches this allocation as it is (RULES): one engine kind on whole nodes
+    (AReaL: no EP, and nodes of the trainer's size); the check every search under --framework keeps to."""
+    kinds = {(o.pool, o.tp, o.ep) for o, n in solution.engines if n > 0}
+    if len(kinds) != 1:
+        return False
+    pool, tp, ep = next(iter(kinds))
+    per_node = cand.pools[pool].per_node
+    engines = sum(n for _, n in solution.engines)
+    if (engines * tp) % per_node:
+        return False
+    return framework != "areal" or (ep == 1 and cand.pools[solution.trainer.pool].per_node == per_node)
+
+
 def _scaled(option: EngineOption, k: int) -> EngineOption:
     """k engines of `option` as one unit: k times the GPUs, price, batch and every segment's width."""
     return dataclasses.replace(option, tp=option.tp * k, samples_per_s=option.samples_per_s * k,

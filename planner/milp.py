@@ -7,7 +7,7 @@ Asynchronous plans (generation and training overlap):
     max z  s.t.  z <= sum_rj slope_rj n_rj          generation: concave piecewise rate per engine
                  n_rj <= width_rj x_r               (engines equally loaded: the router water-fills)
                  sum_rj n_rj <= (eta + 1) B          samples in flight under the capacity rule, and
-                 sum_rj n_rj + r sum_k T_k w_k <= r (eta + 1) B   interruptible engines' long tail, w_k = z y_k
+                 sum_rj n_rj + r sum_k T_k w_k <= r (eta + 1) B   the long tail (Little's law), w_k = z y_k
                  (sum_k w_k = z, w_k <= s_k y_k)    (Candidates.in_flight_cap, r = E[o]/E[max o])
                  z <= sum_k s_k y_k,  sum_k y_k = 1 training
                  per pool p: sum_{r in p} tp_r x_r + sum_{k in p} gpus_k y_k <= gpus_p
@@ -16,8 +16,10 @@ Asynchronous plans (generation and training overlap):
 The cost objective minimises the $/h term subject to z >= target. The LP relaxation (x, y
 continuous) bounds the optimum; every solution reports the solver's proven optimality gap.
 Interruptible rollouts lose each step's weight wait and KV re-prefill, a share of the step period
-B / z: the slopes are derated for the period of the previous solve until z settles (a fixed point,
-at most FIXED_POINT_ROUNDS solves).
+B / z; the others drain their batch before each update (planner.tail_model): the slopes are derated
+for the period of the previous solve until z settles (a fixed point, at most FIXED_POINT_ROUNDS solves;
+under a target, at the target's period B / target), and each answer's rate is then the one at its own
+period (`settled`), so a plan that meets a target meets it at the period it runs at.
 
 On-policy plans alternate, so the step is a sum, B / G + T_k (or the longest sample, if longer),
 which is not linear. For a fixed trainer and a fixed slowest allowed engine type it grows with G, so
@@ -237,24 +239,49 @@ def _chosen(cand: Candidates, model: _Model) -> tuple[int, tuple[tuple[EngineOpt
 def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget: float | None = None,
                 target: float | None = None, top_k: int = 1, solver_name: str = "auto",
                 deadline: Deadline | None = None) -> list[Solution]:
-    """solve_async_fixed with the interruptible-update derating at its fixed point."""
+    """solve_async_fixed with the update derating (interruptible pause, or drain) at its fixed point."""
     kw = {"budget": budget, "target": target, "solver_name": solver_name, "deadline": deadline}
     if not any(o.update_seconds for o in cand.engines):
         return solve_async_fixed(cand, objective, top_k=top_k, **kw)  # type: ignore[arg-type]
-    period, last = math.inf, 0.0
-    for _ in range(FIXED_POINT_ROUNDS):
-        if deadline is not None and deadline.expired("the interruptible fixed point"):
-            break
-        derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
-        top = solve_async_fixed(derated, objective, top_k=1, bound=False, **kw)  # type: ignore[arg-type]
-        if not top:
-            break
-        rate = top[0].samples_per_s
-        if abs(rate - last) <= 0.01 * rate:
-            break
-        period, last = cand.samples_per_step / rate, rate
+    if target is not None:
+        # a cost objective buys the least that meets the target: such a plan runs at its period B / target
+        period = cand.samples_per_step / target
+    else:
+        period, last = math.inf, 0.0
+        for _ in range(FIXED_POINT_ROUNDS):
+            if deadline is not None and deadline.expired("the interruptible fixed point"):
+                break
+            derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
+            top = solve_async_fixed(derated, objective, top_k=1, bound=False, **kw)  # type: ignore[arg-type]
+            if not top:
+                break
+            rate = top[0].samples_per_s
+            if abs(rate - last) <= 0.01 * rate:
+                break
+            period, last = cand.samples_per_step / rate, rate
     derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
-    return solve_async_fixed(derated, objective, top_k=top_k, **kw)  # type: ignore[arg-type]
+    found = solve_async_fixed(derated, objective, top_k=top_k, **kw)  # type: ignore[arg-type]
+    base = {id(d): o for d, o in zip(derated.engines, cand.engines, strict=True)}
+    return [settled(cand, s, tuple((base[id(o)], n) for o, n in s.engines)) for s in found]
+
+
+def settled(cand: Candidates, sol: Solution, engines: tuple[tuple[EngineOption, int], ...]) -> Solution:
+    """`sol` with its rate at its own period: the z with z = rate(engines derated for B / z), by
+    bisection (the rate falls as z grows, since a shorter period loses a larger share to each
+    update), so that a plan solved for a target's period still meets the target at its own."""
+    batch = cand.samples_per_step
+
+    def at(z: float) -> tuple[tuple[EngineOption, int], ...]:
+        return tuple((o.derated(batch / z if z > 0 else math.inf), n) for o, n in engines)
+
+    hi = evaluate(cand, sol.trainer, at(0.0), "async")[0]
+    lo = 0.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if mid <= 0 or hi - lo <= 1e-9 * hi:
+            break
+        lo, hi = (mid, hi) if evaluate(cand, sol.trainer, at(mid), "async")[0] >= mid else (lo, mid)
+    return _make(cand, sol.trainer, at(lo), "async", sol.lp_bound, sol.gap) if lo > 0 else sol
 
 
 def solve_async_fixed(cand: Candidates, objective: Objective = "throughput", *, budget: float | None = None,
@@ -269,11 +296,11 @@ def solve_async_fixed(cand: Candidates, objective: Objective = "throughput", *, 
     args = (cand, objective, budget, target, trainers, engines)
     lp_bound = math.nan
     if bound:
-        relaxed = _build(*args, relax=True, in_flight=cand.in_flight_cap(0.0, 0.0), tail=cand.interruptible)
+        relaxed = _build(*args, relax=True, in_flight=cand.in_flight_cap(0.0, 0.0), tail=True)
         relaxed.deadline = deadline
         if _solve(relaxed, solver_name, relax=True):
             lp_bound = float(relaxed.z.varValue if objective == "throughput" else pulp.value(relaxed.prob.objective))
-    model = _build(*args, relax=False, in_flight=cand.in_flight_cap(0.0, 0.0), tail=cand.interruptible)
+    model = _build(*args, relax=False, in_flight=cand.in_flight_cap(0.0, 0.0), tail=True)
     model.deadline = deadline
     out: list[Solution] = []
     for i in range(top_k):

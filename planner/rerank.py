@@ -20,6 +20,7 @@ import itertools
 import math
 
 from planner.candidates import Candidates, EngineOption, candidates
+from planner.frameworks import launches
 from planner.milp import Solution, evaluate
 from planner.scoring import Scored, Search
 from traces import SpecError
@@ -148,11 +149,37 @@ def _count_moves(cand: Candidates, sol: Solution) -> list[Solution]:
     return out
 
 
+def _kind_moves(cand: Candidates, sol: Solution) -> list[Solution]:
+    """Moves of a one-kind plan that stay one kind on whole nodes (what --framework launches): the
+    same GPUs re-cut into each other TP of the pool, or one node of engines more or fewer; each
+    priced by the analytic model at the plan's period (EngineOption.derated), as the MILP prices it."""
+    (option, count), = sol.engines
+    pool = cand.pools[option.pool]
+    trainer_gpus = sol.trainer.nodes * pool.per_node if sol.trainer.pool == pool.index else 0
+    period = cand.samples_per_step / sol.samples_per_s if sol.samples_per_s > 0 else math.inf
+    kinds = {o.tp: o for o in cand.engines if o.pool == option.pool and o.ep == option.ep}
+    gpus = count * option.tp
+    mixes = [(o, gpus // tp) for tp, o in kinds.items() if tp != option.tp and gpus % tp == 0]
+    step = pool.per_node // option.tp
+    mixes += [(kinds[option.tp], n) for n in (count - step, count + step)
+              if option.tp in kinds and n > 0 and n * option.tp + trainer_gpus <= pool.gpus]
+    out = []
+    for o, n in mixes:
+        engines = ((o.derated(period), n),)
+        rate, gen, train, tail, cost = evaluate(cand, sol.trainer, engines, sol.mode)
+        bound = sol.lp_bound
+        gap = max(0.0, (bound - rate) / bound) if math.isfinite(bound) and bound > 0 else sol.gap
+        out.append(Solution(sol.trainer, engines, rate, gen, train, tail, cost, bound, gap, sol.mode))
+    return out
+
+
 def explore_engines(search: Search, ranked: tuple[Scored, ...], rounds: int) -> tuple[Scored, ...]:
     """Hill-climb on the engine mix of the best simulated plan (see the module docstring): at each
     round every one-pool change of the rules is solved with the plan's trainer, every count move
     (`_count_moves`) is priced, and each is simulated; the best improvement is kept, up to `rounds`
-    moves."""
+    moves. Under --framework the count moves are those that keep one engine kind on whole nodes
+    (`_kind_moves`), and every move is checked against what the framework launches
+    (planner.frameworks.launches): the rule moves are solved by the framework's restricted solver."""
     out = list(ranked)
     best = search.pick(ranked)
     state: dict[int, int] = {}
@@ -168,9 +195,13 @@ def explore_engines(search: Search, ranked: tuple[Scored, ...], rounds: int) -> 
                 continue
             found = search.solve(dataclasses.replace(cand, engines=engines, trainers=(trainer,)), mode)
             trials.append((trial, found[0] if found else None))
-        trials += [(state, s) for s in _count_moves(cand, start.solution)]
+        framework = search.framework
+        if framework is None:
+            trials += [(state, s) for s in _count_moves(cand, start.solution)]
+        elif len(start.solution.engines) == 1 and mode != "colocated":
+            trials += [(state, s) for s in _kind_moves(cand, start.solution)]
         for trial, sol in trials:
-            if sol is None:
+            if sol is None or (framework is not None and not launches(framework, cand, sol)):
                 continue
             scored = search.score(f"mix-{len(out) - len(ranked) + 1}", cand, sol, where="the engine-mix search")
             if scored is None:

@@ -64,6 +64,7 @@ class Search:
     seed: int
     solve_fn: SolveFn = solve
     deadline: Deadline = field(default_factory=Deadline)
+    framework: str | None = None  # --framework: searches keep to the plans it launches (planner.frameworks)
     _seen: dict[str, Scored] = field(default_factory=dict, repr=False)
 
     def solve(self, cand: Candidates, mode: Mode, top_k: int = 1, *, objective: Objective | None = None,

@@ -10,6 +10,7 @@ import pytest
 from planner.api import plan_report
 from planner.candidates import Candidates, EngineOption, candidates
 from planner.explain import NoPlan
+from planner.frameworks import launches
 from planner.milp import evaluate, solve_async_fixed, solve_colocated, solve_sync
 from planner.sweeps import Change, pareto, what_if
 from traces import Cluster, CostModel, Plan, SpecError, Workload, example_cluster, get_model
@@ -220,6 +221,19 @@ def test_report_simulates_ranked_plans_and_names_the_bottleneck() -> None:
     assert trainer_nodes and engine_nodes and not trainer_nodes & engine_nodes
     assert max(trainer_nodes | engine_nodes) < sum(g.nodes for g in _h800_h20().node_groups)
     assert Plan.from_json(r.plan.to_json()) == r.plan
+
+
+@pytest.mark.parametrize("framework", ["areal", "verl"])
+def test_a_framework_plan_still_gets_the_engine_mix_search_within_its_restriction(framework: str) -> None:
+    """--framework: the engine-mix hill-climb runs (mix-* plans are simulated), and every plan it
+    tries is one the framework launches: one engine kind on whole nodes (planner.frameworks.launches)."""
+    w = _workload("qwen2.5-7b", eta=2, prompts=32, group=8)
+    r = plan_report(_h800_h20(), w, top_k=1, cost_model=CM, sim_steps=2, baselines=False, marginal=False,
+                    refine=0, explore=2, framework=framework)
+    mixes = [s for s in r.ranked if s.name.startswith("mix-")]
+    assert mixes, "the engine-mix search ran"
+    assert all(launches(framework, s.cand, s.solution) for s in r.ranked)
+    assert launches(framework, r.chosen.cand, r.chosen.solution)
 
 
 def test_pareto_costs_rise_with_the_target() -> None:
