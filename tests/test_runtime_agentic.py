@@ -192,3 +192,15 @@ def test_the_shipped_calculator_data_set_is_what_its_script_writes() -> None:
 
     assert Path(CALC).read_text(encoding="utf-8") == calc_data.dataset_text()
     assert len(load_records(CALC, "prompt", "answer")) == calc_data.DATASET_SIZE
+
+
+PLAN = "traces/data/plans/toy-cpu-moe.json"
+
+
+def test_agentic_runs_it_cannot_do_are_refused_in_one_line(cli, tools_model: Path) -> None:  # type: ignore[no-untyped-def]
+    toy = cli("run", PLAN, "--workload", WORKLOAD, "--in-process", "--steps", "1")
+    assert toy.code == 2 and "character tokenizer cannot write a calculator call" in toy.err
+    assert len(toy.err.strip().splitlines()) == 1
+    vllm = cli("run", PLAN, "--workload", WORKLOAD, "--in-process", "--steps", "1", "--model", str(tools_model),
+               "--dataset", CALC, "--engine", "vllm")
+    assert vllm.code == 2 and "workload agentic" in vllm.err and len(vllm.err.strip().splitlines()) == 1
