@@ -7,6 +7,7 @@ trains it: a few steps move its weights, router and experts included, and train 
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,13 @@ def test_trainer_tp_on_an_moe_model_is_refused_in_one_line() -> None:
     assert why is not None and "tp=2" in why and "\n" not in why
     assert moe_tp_refusal(moe_model().config, 1) is None
     assert moe_tp_refusal(AutoConfig.for_model("llama"), 2) is None
+
+
+def test_vllm_on_cpu_refuses_an_moe_model_with_the_measured_reason() -> None:
+    from runtime.engine_spec import default_engine, on_cpu, vllm_blocker
+
+    why = vllm_blocker(moe_model().config)
+    if importlib.util.find_spec("vllm") is None or not on_cpu():
+        pytest.skip("the refusal is for vLLM's CPU build")
+    assert why is not None and "weight reload" in why and "--engine torch" in why
+    assert default_engine(moe_model().config) == "torch"  # the default never picks an engine that cannot sync
