@@ -204,3 +204,19 @@ def test_agentic_runs_it_cannot_do_are_refused_in_one_line(cli, tools_model: Pat
     vllm = cli("run", PLAN, "--workload", WORKLOAD, "--in-process", "--steps", "1", "--model", str(tools_model),
                "--dataset", CALC, "--engine", "vllm")
     assert vllm.code == 2 and "workload agentic" in vllm.err and len(vllm.err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_rlfleet_run_on_ray_runs_the_moe_model_on_agentic_episodes(cli, tools_model: Path,  # type: ignore[no-untyped-def]
+                                                                    tmp_path: Path) -> None:
+    """The acceptance run: `rlfleet run` on the fake-node Ray cluster, a tiny Qwen3-MoE, calculator episodes."""
+    res = cli("run", PLAN, "--workload", WORKLOAD, "--model", str(tools_model), "--dataset", CALC, "--engine", "torch",
+              "--steps", "6", "--lr", "1e-3", "--out", str(tmp_path), "--json")
+    assert res.code == 0, res.err
+    summary = res.json()
+    assert summary["executor"] == "ray-local" and summary["engine"] == "torch" and summary["steps"] == 6
+    assert summary["samples_trained"] == 6 * 8 * 8 and summary["duplicates_dropped"] == 0
+    assert summary["max_staleness"] <= 1
+    rows = list(csv.DictReader((tmp_path / TOOL_CALLS_FILE).open())) if (tmp_path / TOOL_CALLS_FILE).exists() else []
+    assert len(rows) == summary["tool_calls"]
+    assert any("agentic" in note for note in summary["not_applied"])
