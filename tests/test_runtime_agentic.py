@@ -220,3 +220,29 @@ def test_rlfleet_run_on_ray_runs_the_moe_model_on_agentic_episodes(cli, tools_mo
     rows = list(csv.DictReader((tmp_path / TOOL_CALLS_FILE).open())) if (tmp_path / TOOL_CALLS_FILE).exists() else []
     assert len(rows) == summary["tool_calls"]
     assert any("agentic" in note for note in summary["not_applied"])
+
+
+def test_an_episode_ends_at_its_turn_limit_or_the_models_context(tools_model: Path) -> None:
+    from runtime.episodes import Episodes
+
+    tokenizer = load_tokenizer(tools_model)
+    prompt = tuple(tokenizer.encode(tokenizer.render("What is 23 * 7?")))
+    call = (*tokenizer.encode(f"{CALL_OPEN}23*7{CALL_CLOSE}"), tokenizer.eos_id)
+    turn = Completion(0, prompt, call, (-1.0,) * len(call), (0,) * len(call), True)
+    quick = SecondsDist(kind="fixed", value=0.01)
+
+    one_turn = Episodes(AgenticRun(max_turns=1, latency=quick), tokenizer, 8, time.time)
+    assert one_turn.turn_done(turn, 0) == turn and one_turn.in_flight() == 0  # a call in the last turn is not made
+    one_turn.close()
+
+    tight = AgenticRun(max_turns=3, latency=quick, max_context=len(prompt) + len(call) + 8)  # no room for a result
+    episodes = Episodes(tight, tokenizer, 8, time.time)
+    assert episodes.turn_done(turn, 0) is None and episodes.in_flight() == 1
+    episodes.wait(5.0)
+    resumed, ended, calls = episodes.collect()
+    assert not resumed and ended == [turn] and len(calls) == 1 and calls[0].result == "<result>161</result>"
+    episodes.close()
+
+    run = AgenticRun(max_turns=3, latency=LATENCY, seed=1)
+    assert run.latency_s(4, 1) == run.latency_s(4, 1) != run.latency_s(4, 2)  # seeded per sample and turn
+    assert run.latency_s(4, 1) != AgenticRun(max_turns=3, latency=LATENCY, seed=2).latency_s(4, 1)
