@@ -29,7 +29,11 @@ def moe_config(family: str, moe: MoeSpec, common: dict[str, object]) -> Pretrain
     if moe.shared_experts or moe.biases:
         raise ValueError("the tiny MoE models have routed experts only (no shared experts, no biases)")
     if family == "qwen3_moe":
-        return Qwen3MoeConfig(**common, num_experts=moe.experts, num_experts_per_tok=moe.experts_per_token,
+        # head_dim written out: a config.json without it reads as 128 in traces.hf_config (Qwen3's published
+        # default), while transformers 5 builds hidden / heads
+        head_dim = int(common["hidden_size"]) // int(common["num_attention_heads"])  # type: ignore[call-overload]
+        return Qwen3MoeConfig(**common, head_dim=head_dim, num_experts=moe.experts,
+                              num_experts_per_tok=moe.experts_per_token,
                               moe_intermediate_size=moe.expert_intermediate, decoder_sparse_step=1,
                               mlp_only_layers=list(range(moe.dense_layers)), norm_topk_prob=True)
     if family == "mixtral":

@@ -21,6 +21,8 @@ from runtime.tiny_moe import moe_tp_refusal
 from runtime.toy import run_toy
 from runtime.trainer import Rollout, pack, token_logprobs
 from traces import get_model
+from traces.hf_config import model_from_hf
+from traces.io import load_yaml
 
 TOK = CharTokenizer()
 SPEC = get_model("tiny-qwen3-moe")
@@ -71,7 +73,11 @@ def test_a_few_grpo_steps_train_the_moe_model(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("family", "cls"), [("qwen3_moe", Qwen3MoeForCausalLM), ("mixtral", MixtralForCausalLM)])
 def test_tiny_hf_writes_moe_folders_that_auto_classes_load(family: str, cls: type, tmp_path: Path) -> None:
     folder = write_tiny_model(tmp_path / family, TinySpec(family=family))
-    assert isinstance(AutoModelForCausalLM.from_pretrained(str(folder)), cls)
+    model = AutoModelForCausalLM.from_pretrained(str(folder))
+    assert isinstance(model, cls)
+    # the planner reads the same folder's config.json to the same size (what a --model run's prediction uses)
+    spec = model_from_hf(load_yaml(folder / "config.json"), family, "test")
+    assert spec.moe is not None and spec.params == sum(p.numel() for p in model.parameters())
 
 
 def test_trainer_tp_on_an_moe_model_is_refused_in_one_line() -> None:
