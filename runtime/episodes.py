@@ -7,9 +7,9 @@ that sleeps the workload's `tool_latency` (drawn per call from a generator seede
 the sample id and the turn, so a rerun draws the same latencies) and then computes the tool's
 answer. Meanwhile the engine serves other requests; the controller (runtime.controller) re-routes
 the sample once the call is back, as a new request whose prompt is the whole episode so far (the
-torch engine re-prefills it: it has no prefix cache). The episode ends at a turn with no call, at
-`turns.max` turns, or where the next turn would pass the model's context (the call's answer is then
-not appended).
+torch engine re-prefills it, having no prefix cache; a vLLM engine's prefix cache may serve it).
+The episode ends at a turn with no call, at `turns.max` turns, or where the next turn would pass
+the model's context (the call's answer is then not appended).
 
 The episode is trained as one sequence (verl's and AReaL's multi-turn rollouts): the prompt, then
 every turn's tokens and every tool result's, with `generated` False on the tool's tokens, which the
@@ -18,7 +18,7 @@ the task's on the last turn's text. Each call is a `ToolCall` record (sample, tu
 sample leaving its engine, the result ready), which the run's records keep (runtime.records).
 
 The workload's `tool_tokens` and `turns` distributions are the simulator's assumptions; here they are
-what the model and the tool produce. Its `prefix_cache` is said as not applied (runtime.run_plan).
+what the model and the tool produce. Its `prefix_cache` is the engine's own (runtime.run_plan says so).
 """
 
 from __future__ import annotations

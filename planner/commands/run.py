@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
         from runtime.local_cluster import check_fits, local_cluster
         from runtime.parallel import check_trainer_shape
         from runtime.ray_loop import TrainerLost
-        from runtime.run_plan import agentic_refusal, run_shape
+        from runtime.run_plan import run_shape
         from runtime.task_factory import HF_LR, TOY_ENTROPY, TOY_LR
         from runtime.tiny_moe import moe_tp_refusal
         from runtime.toy import run_toy, run_toy_ray
@@ -202,8 +202,7 @@ def run(args: argparse.Namespace) -> int:
     task_name = args.task if source.toy else Path(args.dataset).stem
     config = engine_config(source, spec)
     engine = choose_engine(plan, config, args.engine, args.in_process)
-    shape = run_shape(plan, workload, cluster, group_refusal(engine, config, args.in_process),
-                      agentic_refusal(engine, source.toy))
+    shape = run_shape(plan, workload, cluster, group_refusal(engine, config, args.in_process), engine, source.toy)
     dp, tp = plan.trainer.dp, plan.trainer.tp
     heads = config.num_attention_heads
     check_trainer_shape(dp, tp, plan.trainer.pp, shape.prompts_per_step, heads,
