@@ -1,7 +1,8 @@
 """The runtime: execute a plan for real (torch or vLLM engines; in one process or on Ray).
 
 The pieces of a run:
-- `model`: tiny Llama from a config + character tokenizer, saved as a Hugging Face folder.
+- `model`: tiny Llama (or Qwen3-MoE) from a config + character tokenizer, saved as a Hugging Face folder;
+  `tiny_moe`: the tiny mixture-of-experts configs (transformers' Qwen3-MoE and Mixtral).
 - `task`: digit addition with an exact-match reward and a stated chance level.
 - `contracts`: what a run needs from a task and a tokenizer (the toy's and a real model's fit).
 - `hf_model`: any local Hugging Face causal LM and its tokenizer (chat template), checked before loading.
@@ -9,7 +10,10 @@ The pieces of a run:
 - `rewards`: the built-in `math` and `addition` rewards, and `module:function` for one's own.
 - `task_factory`: what a run trains (`TaskSource`: the toy, or `--model` on `--dataset`) and its `RunSetup`.
 - `tiny_hf`: the CPU test model, a tiny Qwen2 with a BPE tokenizer trained on the shipped corpus;
-  `arith_data`: the shipped arithmetic/word-problem set and that corpus (runtime/data/).
+  `arith_data`: the shipped arithmetic/word-problem set and that corpus (runtime/data/);
+  `calc_data`: the calculator task's set (runtime/data/calc.jsonl) and the tool corpus.
+- `calculator`: integer + - * / arithmetic parsed by hand; `calculator_tool`: the `<calc>EXPR</calc>` tool;
+  `episodes`: multi-turn episodes (agentic workloads): tool calls off the loop, real seeded latency.
 - `engine`: the rollout-engine interface and a continuous-batching torch engine with a KV cache.
 - `vllm_engine`, `vllm_worker`: the same interface on vLLM, and its worker's in-place weight loading.
 - `engine_spec`: which engine a run uses (vLLM where it can run here, else torch) and how each is built.

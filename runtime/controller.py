@@ -16,6 +16,11 @@ regenerated sample's tokens are only fresher). A completion that is not pending 
 dropped and counted, and a group becomes trainable only with each of its sample ids exactly once,
 so no sample is trained twice. `snapshot`/`restore` carry all of this, the prompt stream's RNG and
 the records' position across a trainer restart (`checkpoint`, runtime.records).
+
+Agentic workloads (`LoopConfig.agentic`): a sample's turn that calls the tool leaves the pending set
+for runtime.episodes, which runs the call off the loop; when it is back, the next turn is routed
+ahead of everything else and the sample is pending again. Only a finished episode joins its group.
+A restore re-generates an episode under way from its prompt, as it does a sample on an engine.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import Any, Protocol
 
 from runtime.contracts import Task, Tokenizer
 from runtime.engine import Completion, Interval, Request
+from runtime.episodes import AgenticRun, Episodes, final_turn
 from runtime.records import RunRecorder, commit_checkpoint, trainer_checkpoint_path
 from runtime.trainer import Rollout, StepStats
 from traces.records import length_histogram
@@ -47,6 +53,7 @@ class LoopConfig:
     checkpoint_every: int = 0  # steps; 0 = only at the end (when out_dir is given); 1: a crash redoes one step
     max_idle_ticks: int = 1000  # a tick where nothing can move is a bug; stop rather than spin
     response_cap: int | None = None  # new tokens per sample (the workload's response cap); None: the task's
+    agentic: AgenticRun | None = None  # multi-turn episodes with tool calls (runtime.episodes); None: one turn
 
 
 class Routable(Protocol):
@@ -102,6 +109,9 @@ class Controller:
         self._taken: list[int] = []  # group uids of the batch in training
         self._last_step_end = self.recorder.origin
         self._lengths: dict[str, dict[str, int]] = {}
+        self.episodes = (None if config.agentic is None
+                         else Episodes(config.agentic, tokenizer, self.max_new_tokens, clock))
+        self._resumed: deque[Request] = deque()  # episodes' next turns, their tool calls back
 
     @property
     def max_new_tokens(self) -> int:
@@ -126,8 +136,10 @@ class Controller:
         caps = [e.capacity() for e in open_engines]
         free = sum(max(0, c - load) for c, load in zip(caps, loads, strict=True))
         requests: list[Request] = []
-        while self._retry and len(requests) < free:
-            requests.append(self._retry.popleft())
+        self._collect_tool_calls()
+        for queue in (self._resumed, self._retry):  # samples under way first: their groups are the oldest
+            while queue and len(requests) < free:
+                requests.append(queue.popleft())
         while self.ctl.allowance() > 0 and free - len(requests) >= n:
             uid, start = self.ctl.admit()
             prompt = self.task.sample(self.rng)
@@ -151,12 +163,45 @@ class Controller:
         self._retry.extend(lost)
         self.requeued_sids.extend(r.sid for r in lost)
 
+    def tools_in_flight(self) -> int:
+        """Tool calls running (their samples are on no engine)."""
+        return 0 if self.episodes is None else self.episodes.in_flight()
+
+    def wait_for_tools(self, timeout_s: float = 1.0) -> None:
+        """Block until a tool call is back: a loop with nothing else to do waits here rather than spin."""
+        if self.episodes is not None:
+            self.episodes.wait(timeout_s)
+
+    def close(self) -> None:
+        """Stop the tool calls still running (a run that has its steps does not wait for them)."""
+        if self.episodes is not None:
+            self.episodes.close()
+
+    def _collect_tool_calls(self) -> None:
+        if self.episodes is None:
+            return
+        resumed, ended, calls = self.episodes.collect()
+        for call in calls:
+            self.recorder.tool_call(call)
+        self._resumed.extend(resumed)
+        for c in ended:
+            self._sample_done(c)
+
     def complete(self, c: Completion) -> None:
-        """One sample finished; a group whose samples are all in becomes trainable (rewards computed here)."""
+        """One sample's turn finished: a tool call starts (agentic), or the sample is done; a group whose
+        samples are all in becomes trainable (rewards computed here)."""
         if c.sid not in self._pending:  # re-generated elsewhere already, or never routed: never train it twice
             self.duplicates += 1
             return
         self._pending.discard(c.sid)
+        if self.episodes is not None:
+            episode = self.episodes.turn_done(c, self.ctl.version)
+            if episode is None:  # its tool call runs; the next turn is routed when it is back
+                return
+            c = episode
+        self._sample_done(c)
+
+    def _sample_done(self, c: Completion) -> None:
         group = self.groups[c.sid // self.config.group_size]
         group.done.append(c)
         if len(group.done) < self.config.group_size:
@@ -169,7 +214,8 @@ class Controller:
             raise RuntimeError(f"group {group.uid} completed with sample ids {sids}: one missing or twice")
         rollouts = [
             Rollout(c.prompt, c.tokens, c.logprobs, c.versions,
-                    self.task.reward(group.prompt, self.tokenizer.decode(c.tokens), c.finished), group.uid)
+                    self.task.reward(group.prompt, self.tokenizer.decode(final_turn(c)), c.finished), group.uid,
+                    c.generated)
             for c in done
         ]
         self.ctl.complete(group.uid, group.start_version, _Trainable(sids, rollouts))
@@ -314,9 +360,9 @@ def _tuples(value: Any) -> Any:
 
 def _completion(d: dict[str, Any]) -> Completion:
     return Completion(d["sid"], tuple(d["prompt"]), tuple(d["tokens"]), tuple(d["logprobs"]), tuple(d["versions"]),
-                      bool(d["finished"]))
+                      bool(d["finished"]), tuple(d.get("generated", ())))
 
 
 def _rollout(d: dict[str, Any]) -> Rollout:
     return Rollout(tuple(d["prompt"]), tuple(d["tokens"]), tuple(d["logprobs"]), tuple(d["versions"]),
-                   float(d["reward"]), int(d["group"]))
+                   float(d["reward"]), int(d["group"]), tuple(d.get("generated", ())))

@@ -54,6 +54,9 @@ class Completion:
     logprobs: tuple[float, ...]  # behaviour logprob of each response token, at the engine's temperature
     versions: tuple[int, ...]  # weight version that produced each token
     finished: bool  # ended with eos (False: cut at max_new_tokens)
+    # per token, whether the policy sampled it; () = all of them. A multi-turn episode's tool results are
+    # False (runtime.episodes): they carry no logprob and are masked out of the loss
+    generated: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)

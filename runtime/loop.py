@@ -48,6 +48,16 @@ class AsyncLoop:
         return self.control.recorder
 
     def run(self) -> list[StepStats]:
+        try:
+            self._run()
+        finally:
+            self.control.close()  # tool calls still sleeping are woken and dropped
+        if self.control.final_checkpoint_due():
+            self.control.checkpoint(self.trainer.save_checkpoint)
+        self.recorder.flush()
+        return self.control.history
+
+    def _run(self) -> None:
         control = self.control
         idle = 0
         while not control.done:
@@ -60,13 +70,13 @@ class AsyncLoop:
             if control.ready():
                 self._train()
                 moved = True
-            idle = 0 if moved or not all(e.idle() for e in self.engines) else idle + 1
+            engines_idle = all(e.idle() for e in self.engines)
+            if not moved and engines_idle and control.tools_in_flight():
+                control.wait_for_tools()  # only tool calls have work: sleep until one is back
+                moved = True
+            idle = 0 if moved or not engines_idle else idle + 1
             if idle > self.config.max_idle_ticks:
                 raise RuntimeError("async loop stalled: no allowance, no engine work, no ready batch")
-        if control.final_checkpoint_due():
-            control.checkpoint(self.trainer.save_checkpoint)
-        self.recorder.flush()
-        return control.history
 
     def _train(self) -> None:
         stats = self.trainer.train_step(self.control.take())

@@ -1,4 +1,4 @@
-"""A tiny Llama with random weights and a character tokenizer, saved in Hugging Face format.
+"""A tiny Llama (or Qwen3-MoE) with random weights and a character tokenizer, saved in Hugging Face format.
 
 No hub download exists on the test machines, so the model is built from a config and the tokenizer
 from a fixed alphabet. Both are written with `save_pretrained`, so transformers' `Auto*` classes (and
@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel
 
 from runtime.contracts import Tokenizer
+from runtime.tiny_moe import moe_config
+from traces.moe import MoeSpec
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
 ALPHABET = "0123456789+-*="
@@ -84,11 +86,26 @@ def tiny_llama_config(tokenizer: CharTokenizer, layers: int = 2, hidden: int = 6
     )
 
 
-def build_model(config: LlamaConfig, seed: int = 0) -> LlamaForCausalLM:
+def toy_config(tokenizer: CharTokenizer, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
+               moe: MoeSpec | None = None) -> PretrainedConfig:
+    """The toy's model: the tiny Llama (MLP 4x hidden), or with `moe` the same attention over routed MLPs
+    (transformers' Qwen3-MoE, runtime.tiny_moe)."""
+    dense = tiny_llama_config(tokenizer, layers, hidden, heads, kv_heads, intermediate=4 * hidden)
+    if moe is None:
+        return dense
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "max_position_embeddings", "tie_word_embeddings", "pad_token_id",
+            "bos_token_id", "eos_token_id")
+    return moe_config("qwen3_moe", moe, {k: getattr(dense, k) for k in keys})
+
+
+def build_model(config: PretrainedConfig, seed: int = 0) -> PreTrainedModel:
     """Random weights, reproducible from the seed, float32 (CPU kernels are exact enough for 1e-4 checks)."""
+    from transformers import AutoModelForCausalLM
+
     with torch.random.fork_rng(devices=[]):  # leave the caller's global stream alone
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return model.float().eval()
 
 

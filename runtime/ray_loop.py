@@ -94,6 +94,7 @@ class RayLoop:
                 self._checkpoint()
             self._committer.wait()
         finally:
+            self.control.close()  # tool calls still sleeping are woken and dropped
             self._committer.join()  # a failing run still lands the commit in progress
         self.control.recorder.flush()
         return self.control.history
@@ -118,6 +119,9 @@ class RayLoop:
             if training is not None and (not busy or self._step_done(training)):
                 self._finish_step(training)
                 training, moved = None, True
+            if not moved and not busy and control.tools_in_flight():
+                control.wait_for_tools()  # only tool calls have work: sleep until one is back
+                moved = True
             idle = 0 if moved or busy else idle + 1
             if idle > control.config.max_idle_ticks:
                 raise RuntimeError("ray loop stalled: no allowance, no engine work, no ready batch")

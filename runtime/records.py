@@ -21,11 +21,24 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from traces.errors import SpecError
 from traces.io import atomic_write_text
-from traces.records import METRICS_FILE, TIMELINE_COLUMNS, TIMELINE_FILE, read_metrics
+from traces.records import (
+    METRICS_FILE,
+    TIMELINE_COLUMNS,
+    TIMELINE_FILE,
+    TOOL_ACTIVITY,
+    TOOL_CALL_COLUMNS,
+    TOOL_CALLS_FILE,
+    TOOL_GROUP,
+    TOOL_RESOURCE,
+    read_metrics,
+)
+
+if TYPE_CHECKING:
+    from runtime.episodes import ToolCall
 
 __all__ = ["TIMELINE_COLUMNS", "RunRecorder", "read_metrics"]
 
@@ -40,6 +53,14 @@ class RunRecorder:
     origin: float  # clock reading at the run's start
     timeline: list[tuple[str, str, str, float, float, int, int]] = field(default_factory=list)
     metrics: list[dict[str, Any]] = field(default_factory=list)
+    # (sample, turn, start, end, latency, version) of each tool call, times from the origin (agentic runs)
+    tool_calls: list[tuple[int, int, float, float, float, int]] = field(default_factory=list)
+
+    def tool_call(self, call: ToolCall) -> None:
+        """One tool call: a row of its own, and its span in the timeline (the sample was on no engine)."""
+        self.tool_calls.append((call.sample, call.turn, call.start - self.origin, call.end - self.origin,
+                                call.latency, call.version))
+        self.interval(TOOL_RESOURCE, TOOL_GROUP, TOOL_ACTIVITY, call.start, call.end, call.version, 1)
 
     def interval(self, resource: str, group: str, activity: str, start: float, end: float, version: int,
                  samples: int) -> None:
@@ -52,11 +73,12 @@ class RunRecorder:
 
     def copy(self) -> RunRecorder:
         """The rows so far (rows are never changed once recorded, so the lists are copied, not the rows)."""
-        return RunRecorder(self.out_dir, self.origin, list(self.timeline), list(self.metrics))
+        return RunRecorder(self.out_dir, self.origin, list(self.timeline), list(self.metrics), list(self.tool_calls))
 
     def position(self) -> dict[str, Any]:
         """What a checkpoint needs to continue these records: the origin and how many rows are committed."""
-        return {"origin": self.origin, "metrics": len(self.metrics), "timeline": len(self.timeline)}
+        return {"origin": self.origin, "metrics": len(self.metrics), "timeline": len(self.timeline),
+                "tool_calls": len(self.tool_calls)}
 
     @classmethod
     def resume(cls, out_dir: Path, position: dict[str, Any]) -> RunRecorder:
@@ -69,7 +91,12 @@ class RunRecorder:
         if len(metrics) != int(position["metrics"]) or len(timeline) != int(position["timeline"]):
             raise SpecError(f"{out_dir}: {METRICS_FILE} or {TIMELINE_FILE} is shorter than its checkpoint says; "
                             "the run folder was changed after the checkpoint")
-        return cls(out_dir, float(position["origin"]), timeline, metrics)
+        calls: list[tuple[int, int, float, float, float, int]] = []
+        if position.get("tool_calls") and (out_dir / TOOL_CALLS_FILE).is_file():
+            with (out_dir / TOOL_CALLS_FILE).open(encoding="utf-8", newline="") as handle:
+                calls = [(int(r[0]), int(r[1]), float(r[2]), float(r[3]), float(r[4]), int(r[5]))
+                         for r in list(csv.reader(handle))[1: 1 + int(position["tool_calls"])]]
+        return cls(out_dir, float(position["origin"]), timeline, metrics, calls)
 
     def flush(self) -> None:
         if self.out_dir is None:
@@ -81,6 +108,13 @@ class RunRecorder:
         for res, group, act, start, end, version, samples in self.timeline:
             writer.writerow([res, group, act, f"{start:.6f}", f"{end:.6f}", version, samples])
         atomic_write_text(self.out_dir / TIMELINE_FILE, buf.getvalue())
+        if self.tool_calls:
+            calls = io.StringIO()
+            writer = csv.writer(calls, lineterminator="\n")
+            writer.writerow(TOOL_CALL_COLUMNS)
+            for sample, turn, start, end, latency, version in self.tool_calls:
+                writer.writerow([sample, turn, f"{start:.6f}", f"{end:.6f}", f"{latency:.6f}", version])
+            atomic_write_text(self.out_dir / TOOL_CALLS_FILE, calls.getvalue())
 
 
 def trainer_checkpoint_path(out_dir: Path, version: int) -> Path:

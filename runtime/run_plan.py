@@ -8,7 +8,11 @@ cannot honour is refused in one line (SpecError, exit 2 in the CLI), never dropp
 - a fractional staleness bound (simulated, not run: the runtime's admission counts whole versions);
 - an engine TP the engine kind cannot run (runtime.engine_factory.group_refusal: torch engines run tp 1);
 - PPO (the runtime trains GRPO), a KL reference, rollout logprobs as the old policy (the runtime's
-  loss recomputes the proximal policy).
+  loss recomputes the proximal policy);
+- an agentic workload on the toy task (`agentic_refusal`: its character tokenizer cannot write a call).
+An agentic workload's episodes run with real tool calls (runtime.episodes) on either engine kind;
+its `turns` and `tool_tokens` distributions are the simulator's assumptions, and its `prefix_cache`
+is the engine's own (the torch engine has none; vLLM's is on), said as not applied where they differ.
 The workload's prompt lengths are not a directive: the task's prompts are what they are, and the run
 records the lengths it saw (traces.records.observed_workload); nor is its reward latency (a run's
 reward takes what it takes, and is said as not applied). The trainer's memory settings change
@@ -23,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from traces import Cluster, Plan, RolloutGroup, SpecError, Workload
+from traces.agentic import Agentic
 from traces.plan_check import plan_problems
 
 TOY_BATCH = (16, 16)  # prompts per step x group size without a workload: the toy run's measured default
@@ -45,12 +50,22 @@ class RunShape:
     staleness: int
     interruptible: bool  # weight loads interrupt running samples (async mode only, as the simulator)
     not_applied: tuple[str, ...] = ()  # plan settings run without (memory and speed only), said to the user
+    agentic: Agentic | None = None  # multi-turn episodes with tool calls (runtime.episodes)
+
+
+def agentic_refusal(toy: bool) -> str | None:
+    """Why an agentic workload's episodes cannot run on this task (None: they can)."""
+    if toy:
+        return ("workload agentic: the toy task's character tokenizer cannot write a calculator call; give "
+                "--model DIR (python -m runtime.tiny_hf DIR --family qwen3_moe --tools) and --dataset "
+                "runtime/data/calc.jsonl")
+    return None
 
 
 def run_shape(plan: Plan, workload: Workload | None, cluster: Cluster,
-              refusal: Callable[[RolloutGroup, int], str | None]) -> RunShape:
-    """The loop's shape for `plan` with `workload` (None: the toy batch at the plan's policy), or a
-    SpecError naming everything it cannot honour."""
+              refusal: Callable[[RolloutGroup, int], str | None], engine: str, toy: bool) -> RunShape:
+    """The loop's shape for `plan` with `workload` (None: the toy batch at the plan's policy) on `engine`
+    engines, or a SpecError naming everything it cannot honour; `toy`: the run trains the toy task."""
     problems = plan_problems(cluster, workload, plan)
     t = plan.trainer
     if (why := pp_refusal(t.pp)) is not None:
@@ -61,6 +76,8 @@ def run_shape(plan: Plan, workload: Workload | None, cluster: Cluster,
     problems += [why for i, g in enumerate(plan.rollout) if (why := refusal(g, i)) is not None]
     if workload is not None:
         problems += _workload_problems(plan, workload)
+        if workload.agentic is not None and (why := agentic_refusal(toy)) is not None:
+            problems.append(why)
     if problems:
         raise SpecError("; ".join(problems))
     notes = _not_applied(plan)
@@ -70,8 +87,22 @@ def run_shape(plan: Plan, workload: Workload | None, cluster: Cluster,
     if workload is None:
         prompts, group = TOY_BATCH
         return RunShape(prompts, group, None, None, plan.mode, plan.staleness, plan.mode == "async", notes)
+    if workload.agentic is not None:
+        notes += _agentic_notes(workload.agentic, engine)
     return RunShape(workload.prompts_per_step, workload.group_size, workload.response_len.max,
-                    workload.ppo_minibatches, plan.mode, plan.staleness, workload.interrupts(plan.mode), notes)
+                    workload.ppo_minibatches, plan.mode, plan.staleness, workload.interrupts(plan.mode), notes,
+                    workload.agentic)
+
+
+def _agentic_notes(agentic: Agentic, engine: str) -> tuple[str, ...]:
+    out = ["workload agentic.turns and agentic.tool_tokens: the simulator's distributions; here the model decides "
+           f"when to call (up to {agentic.turns.max} turns) and the tool's answers are what they are"]
+    if agentic.prefix_cache and engine == "torch":
+        out.append("workload agentic.prefix_cache: the torch engine re-prefills each turn's whole context "
+                   "(it has no prefix cache)")
+    if not agentic.prefix_cache and engine == "vllm":
+        out.append("workload agentic.prefix_cache false: vLLM's own prefix cache stays on (reset at each weight load)")
+    return tuple(out)
 
 
 def _not_applied(plan: Plan) -> tuple[str, ...]:

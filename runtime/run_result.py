@@ -37,6 +37,7 @@ class RunResult:
     placement: dict[str, Any] | None = None  # who ran where (runtime.placement_record; Ray runs)
     # each live engine at the end (Ray runs): name, engine class, tp, sync ranks, pid, node, version, completed
     engines: tuple[dict[str, Any], ...] = ()
+    tool_calls: int = 0  # tool calls recorded (agentic runs: runtime.episodes)
 
     @property
     def chance(self) -> float:
@@ -89,5 +90,5 @@ def summarize(setup: RunSetup, finished: Finished) -> RunResult:
         optimizer_steps=finished.optimizer_steps, trained_sids=tuple(control.trained_sids),
         requeued_sids=tuple(control.requeued_sids), duplicates=control.duplicates,
         engine_restarts=finished.engine_restarts, trainer_ranks=finished.trainer_ranks,
-        placement=finished.placement, engines=finished.engines,
+        placement=finished.placement, engines=finished.engines, tool_calls=len(control.recorder.tool_calls),
     )

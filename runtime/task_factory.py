@@ -19,13 +19,14 @@ from runtime.data_task import DatasetTask
 from runtime.dataset import load_records
 from runtime.evaluation import evaluate
 from runtime.hf_model import load_causal_lm, load_tokenizer
-from runtime.model import CharTokenizer, build_model, save_model, tiny_llama_config
+from runtime.model import CharTokenizer, build_model, save_model, toy_config
 from runtime.records import resume_record
 from runtime.rewards import load_reward
 from runtime.run_setup import RunSetup
 from runtime.task import AdditionTask
 from runtime.trainer import TrainConfig
 from traces.errors import SpecError
+from traces.moe import MoeSpec
 
 TOY_LR, TOY_ENTROPY = 1e-3, 0.01  # measured on the toy task (runtime.toy.run_toy says why)
 HF_LR = 1e-6  # a pretrained LLM's: verl's GRPO examples train 7B models at 1e-6
@@ -81,19 +82,22 @@ class SetupShape:
 
 
 def toy_setup(shape: SetupShape, train: TrainConfig | None, task: AdditionTask | None, hidden: int, layers: int,
-              identity: dict[str, Any] | None, lr: float | None = None, heads: int = 4, kv_heads: int = 2) -> RunSetup:
-    """The addition task, the character tokenizer and a tiny Llama from a config (saved as the HF folder a
-    vLLM engine would load, on a fresh run with an out folder), and its reward before training."""
+              identity: dict[str, Any] | None, lr: float | None = None, heads: int = 4, kv_heads: int = 2,
+              moe: MoeSpec | None = None) -> RunSetup:
+    """The addition task, the character tokenizer and a tiny Llama (with `moe`: a tiny Qwen3-MoE) from a
+    config (saved as the HF folder a vLLM engine would load, on a fresh run with an out folder), and its
+    reward before training."""
     task, tokenizer = task or AdditionTask(max_operand=4), CharTokenizer()
+    experts = "" if moe is None else (f", experts={moe.experts}, top_k={moe.experts_per_token}, "
+                                      f"expert_intermediate={moe.expert_intermediate}")
     ident = shape.identity(f"addition(max_operand={task.max_operand})",
-                           f"tiny-llama(hidden={hidden}, layers={layers}"
-                           + (f", heads={heads}, kv_heads={kv_heads})" if (heads, kv_heads) != (4, 2) else ")"),
-                           identity)
+                           ("tiny-llama" if moe is None else "tiny-qwen3-moe") + f"(hidden={hidden}, layers={layers}"
+                           + (f", heads={heads}, kv_heads={kv_heads}" if (heads, kv_heads) != (4, 2) else "")
+                           + experts + ")", identity)
     record = resume_record(shape.out, shape.resume, ident, shape.steps)
     # a resumed trainer takes the checkpoint's config instead
     train = train or TrainConfig(lr=lr or TOY_LR, decay_steps=shape.steps, entropy_coef=TOY_ENTROPY)
-    model = build_model(tiny_llama_config(tokenizer, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads,
-                                          intermediate=4 * hidden), seed=shape.seed)
+    model = build_model(toy_config(tokenizer, layers, hidden, heads, kv_heads, moe), seed=shape.seed)
     model_dir = None
     if shape.out is not None and record is None:
         model_dir = save_model(model, tokenizer, shape.out / "initial_model")
@@ -132,12 +136,12 @@ def data_setup(source: TaskSource, shape: SetupShape, train: TrainConfig | None,
 
 def build_setup(source: TaskSource | None, shape: SetupShape, train: TrainConfig | None = None,
                 identity: dict[str, Any] | None = None, task: AdditionTask | None = None, hidden: int = 64,
-                layers: int = 2, heads: int = 4, kv_heads: int = 2) -> RunSetup:
+                layers: int = 2, heads: int = 4, kv_heads: int = 2, moe: MoeSpec | None = None) -> RunSetup:
     """The run's setup from what it trains (`task` and the model's shape: the toy's, ignored otherwise)."""
     source = source or TaskSource()
     source.check()
     if source.toy:
-        return toy_setup(shape, train, task, hidden, layers, identity, source.lr, heads, kv_heads)
+        return toy_setup(shape, train, task, hidden, layers, identity, source.lr, heads, kv_heads, moe)
     return data_setup(source, shape, train, identity)
 
 

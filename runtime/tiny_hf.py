@@ -11,8 +11,14 @@ model samples its vocabulary near-uniformly, and with 256+ tokens a digit is so 
 random weights almost never sees a reward (text outside the corpus's characters cannot be encoded).
 Heads of 32 dimensions: the smallest vLLM's CPU attention kernels take.
 
-`python -m runtime.tiny_hf DIR [--family llama]` writes one; `tiny_model(cache)` builds it once into
-a cache folder (what tests call).
+Families: qwen2 and llama (dense), qwen3_moe and mixtral (mixture of experts, runtime.tiny_moe: 4
+experts of 64, 2 per token). `tools`: the tokenizer also learns the calculator tool's markers
+(runtime.calc_data's tool corpus; each marker one added token, as Qwen's <tool_call> is), for
+multi-turn runs on runtime/data/calc.jsonl; the context is then 512 positions (an episode holds
+several turns).
+
+`python -m runtime.tiny_hf DIR [--family llama|qwen3_moe|mixtral] [--tools]` writes one;
+`tiny_model(cache)` builds it once into a cache folder (what tests call).
 """
 
 from __future__ import annotations
@@ -23,14 +29,21 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, PretrainedConfig, PreTrainedTokenizerFast, Qwen2Config
 
 from runtime.arith_data import CORPUS_FILE
+from runtime.calc_data import tool_corpus
+from runtime.calculator_tool import CALL_CLOSE, CALL_OPEN, RESULT_CLOSE, RESULT_OPEN
+from runtime.tiny_moe import MOE_FAMILIES, moe_config
+from traces.moe import MoeSpec
 
+FAMILIES = ("qwen2", "llama", *MOE_FAMILIES)
+TOOL_TOKENS = (CALL_OPEN, CALL_CLOSE, RESULT_OPEN, RESULT_CLOSE)  # one token each in a --tools tokenizer
+TOOL_POSITIONS = 512  # a --tools model's context: prompt, several turns and their tool results
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 # Qwen2's ChatML turns, without its default system message (a tiny model's context is short)
 CHAT_TEMPLATE = (
@@ -41,7 +54,7 @@ CHAT_TEMPLATE = (
 
 @dataclass(frozen=True)
 class TinySpec:
-    family: str = "qwen2"  # qwen2 | llama
+    family: str = "qwen2"  # qwen2 | llama | qwen3_moe | mixtral
     vocab_size: int = 112  # the target for BPE; a corpus too small for it gives fewer merges
     hidden: int = 64
     layers: int = 2
@@ -50,10 +63,19 @@ class TinySpec:
     intermediate: int = 256
     max_positions: int = 128
     seed: int = 0
+    experts: int = 4  # the MoE families' routed experts, per layer
+    experts_per_token: int = 2
+    expert_intermediate: int = 64
+    tools: bool = False  # the tokenizer learns the calculator's markers too (runtime.calc_data)
+
+    def corpus(self) -> list[str]:
+        lines = CORPUS_FILE.read_text(encoding="utf-8").splitlines()
+        return [*lines, *tool_corpus()] if self.tools else lines
 
 
-def train_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """Byte-level BPE on the corpus (each line also seen inside a chat turn, so the template's text has merges)."""
+def train_tokenizer(corpus: list[str], vocab_size: int, added: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
+    """Byte-level BPE on the corpus (each line also seen inside a chat turn, so the template's text has merges);
+    `added`: whole-token strings (not special: decoding keeps them), as Qwen's tokenizers add <tool_call>."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     backend = Tokenizer(models.BPE())
@@ -69,6 +91,8 @@ def train_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFa
     fast = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=IM_END, pad_token=END_OF_TEXT,
                                    additional_special_tokens=[IM_START])
     fast.chat_template = CHAT_TEMPLATE
+    if added:
+        fast.add_tokens(list(added))
     return fast
 
 
@@ -82,7 +106,11 @@ def tiny_config(spec: TinySpec, tokenizer: PreTrainedTokenizerFast) -> Pretraine
         return Qwen2Config(**common)
     if spec.family == "llama":
         return LlamaConfig(**common)
-    raise ValueError(f"family {spec.family!r}: the tiny model is qwen2 or llama")
+    if spec.family in MOE_FAMILIES:
+        moe = MoeSpec(experts=spec.experts, experts_per_token=spec.experts_per_token,
+                      expert_intermediate=spec.expert_intermediate)
+        return moe_config(spec.family, moe, common)
+    raise ValueError(f"family {spec.family!r}: the tiny model is one of {', '.join(FAMILIES)}")
 
 
 def write_tiny_model(folder: str | os.PathLike[str], spec: TinySpec | None = None) -> Path:
@@ -91,8 +119,7 @@ def write_tiny_model(folder: str | os.PathLike[str], spec: TinySpec | None = Non
 
     spec = spec or TinySpec()
     path = Path(folder)
-    corpus = CORPUS_FILE.read_text(encoding="utf-8").splitlines()
-    tokenizer = train_tokenizer(corpus, spec.vocab_size)
+    tokenizer = train_tokenizer(spec.corpus(), spec.vocab_size, TOOL_TOKENS if spec.tools else ())
     config = tiny_config(spec, tokenizer)
     with torch.random.fork_rng(devices=[]):  # leave the caller's global stream alone
         torch.manual_seed(spec.seed)
@@ -106,7 +133,7 @@ def write_tiny_model(folder: str | os.PathLike[str], spec: TinySpec | None = Non
 def tiny_model(cache: str | os.PathLike[str], spec: TinySpec | None = None) -> Path:
     """The tiny model's folder under `cache`, built on first use (keyed by the spec and the corpus)."""
     spec = spec or TinySpec()
-    key = hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode() + CORPUS_FILE.read_bytes())
+    key = hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode() + "\n".join(spec.corpus()).encode())
     folder = Path(cache) / f"tiny-{spec.family}-{key.hexdigest()[:12]}"
     if (folder / "config.json").exists():
         return folder
@@ -126,10 +153,15 @@ def tiny_model(cache: str | os.PathLike[str], spec: TinySpec | None = None) -> P
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m runtime.tiny_hf", description=__doc__.splitlines()[0])
     parser.add_argument("folder", help="where to write the Hugging Face folder")
-    parser.add_argument("--family", choices=("qwen2", "llama"), default="qwen2")
+    parser.add_argument("--family", choices=FAMILIES, default="qwen2")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tools", action="store_true", help="a tokenizer that writes the calculator's markers, "
+                        f"and {TOOL_POSITIONS} positions (multi-turn runs on runtime/data/calc.jsonl)")
     args = parser.parse_args(argv)
-    path = write_tiny_model(args.folder, TinySpec(family=args.family, seed=args.seed))
+    spec = TinySpec(family=args.family, seed=args.seed, tools=args.tools)
+    if args.tools:
+        spec = replace(spec, max_positions=TOOL_POSITIONS)
+    path = write_tiny_model(args.folder, spec)
     print(f"wrote a tiny {args.family} to {path}")
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.controller import LoopConfig
+from runtime.episodes import agentic_run
 from runtime.loop import run_in_process
 from runtime.parallel import check_trainer_shape
 from runtime.ray_run import run_on_ray
@@ -21,8 +22,11 @@ from runtime.run_result import RunResult, summarize
 from runtime.settings import SYNC_TIMEOUT_S, Faults
 from runtime.task import AdditionTask
 from runtime.task_factory import SetupShape, TaskSource, build_setup
+from runtime.tiny_moe import moe_tp_refusal
 from runtime.trainer import TrainConfig
-from traces import Cluster, Plan, RolloutGroup, TrainerGroup
+from traces import Cluster, Plan, RolloutGroup, SpecError, TrainerGroup
+from traces.agentic import Agentic
+from traces.moe import MoeSpec
 
 TOY_GPU_TYPE = "CPU"  # the toy plan's type label; on CPU only a custom resource on the local node
 
@@ -38,7 +42,8 @@ def run_toy(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0, out
             layers: int = 2, progress: Callable[[dict[str, Any]], None] | None = None,
             checkpoint_every: int = 0, resume: bool = False, identity: dict[str, Any] | None = None,
             response_cap: int | None = None, engine: str = "torch", heads: int = 4, kv_heads: int = 2,
-            source: TaskSource | None = None) -> RunResult:
+            source: TaskSource | None = None, moe: MoeSpec | None = None,
+            agentic: Agentic | None = None) -> RunResult:
     """Train the tiny Llama on digit addition (or `source`'s model on its data set) with async GRPO: one
     trainer, `engines` rollout engines (`engine`: "torch" or "vllm", runtime.engine_spec; vLLM on CPU
     needs a head size of 32 or more: heads=2 at hidden 64).
@@ -51,12 +56,15 @@ def run_toy(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0, out
     rate the policy keeps flipping answers late in the run), and a small entropy bonus.
 
     `resume`: continue the run in `out_dir` from its last checkpoint (runtime.records). `source`: a
-    Hugging Face model on a data set instead of the toy (runtime.task_factory).
+    Hugging Face model on a data set instead of the toy (runtime.task_factory). `moe`: the toy's model has
+    routed MLPs (a tiny Qwen3-MoE, runtime.tiny_moe) instead of the Llama's dense ones. `agentic`: every
+    sample is a multi-turn episode with calculator calls (runtime.episodes).
     """
     shape = SetupShape(steps, engines, staleness, seed, prompts_per_step, group_size,
                        Path(out_dir) if out_dir is not None else None, resume)
-    toy = build_setup(source, shape, train, identity, task, hidden, layers, heads, kv_heads)
-    config = LoopConfig(steps, prompts_per_step, group_size, staleness, checkpoint_every, response_cap=response_cap)
+    toy = build_setup(source, shape, train, identity, task, hidden, layers, heads, kv_heads, moe)
+    config = LoopConfig(steps, prompts_per_step, group_size, staleness, checkpoint_every, response_cap=response_cap,
+                        agentic=agentic_run(agentic, seed, toy.model.config))
     return summarize(toy, run_in_process(toy, config, engines, seed, max_batch, interruptible, progress, engine))
 
 
@@ -69,7 +77,8 @@ def run_toy_ray(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0,
                 sync_timeout_s: float = SYNC_TIMEOUT_S, dp: int = 1, tp: int = 1, plan: Plan | None = None,
                 cluster: Cluster | None = None, response_cap: int | None = None, executor: str = "ray",
                 engine: str = "torch", heads: int = 4, kv_heads: int = 2,
-                source: TaskSource | None = None) -> RunResult:
+                source: TaskSource | None = None, moe: MoeSpec | None = None,
+            agentic: Agentic | None = None) -> RunResult:
     """`run_toy` with engines and trainer as Ray actors and real weight sync.
 
     Starts a local Ray on loopback (or joins `address`, or uses the Ray this process is connected to)
@@ -89,11 +98,14 @@ def run_toy_ray(steps: int, engines: int = 2, staleness: int = 2, seed: int = 0,
         dp, tp = plan.trainer.dp, plan.trainer.tp
     shape = SetupShape(steps, engines, staleness, seed, prompts_per_step, group_size,
                        Path(out_dir) if out_dir is not None else None, resume)
-    toy = build_setup(source, shape, train, identity, task, hidden, layers, heads, kv_heads)
+    toy = build_setup(source, shape, train, identity, task, hidden, layers, heads, kv_heads, moe)
     cfg = toy.model.config
     check_trainer_shape(dp, tp, 1, prompts_per_step, cfg.num_attention_heads, cfg.num_key_value_heads,
                         cfg.intermediate_size)
-    config = LoopConfig(steps, prompts_per_step, group_size, staleness, checkpoint_every, response_cap=response_cap)
+    if (why := moe_tp_refusal(cfg, tp)) is not None:
+        raise SpecError(why)
+    config = LoopConfig(steps, prompts_per_step, group_size, staleness, checkpoint_every, response_cap=response_cap,
+                        agentic=agentic_run(agentic, seed, toy.model.config))
     finished = run_on_ray(plan or toy_plan(engines, staleness, dp=dp, tp=tp), toy, config, seed, max_batch,
                           interruptible, address, progress, faults, sync_timeout_s, cluster=cluster, executor=executor,
                           engine=engine)

@@ -40,6 +40,7 @@ class Rollout:
     versions: tuple[int, ...]  # weight version of each token
     reward: float
     group: int  # GRPO group: the samples of one prompt share it
+    generated: tuple[bool, ...] = ()  # per token, sampled by the policy; () = all (runtime.engine.Completion)
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ class Packed:
 
     ids: torch.Tensor
     attention: torch.Tensor
-    response: torch.Tensor  # bool, response tokens only
+    response: torch.Tensor  # bool, the response's generated tokens only (an episode's tool results excluded)
     behav: torch.Tensor
     versions: torch.Tensor
 
@@ -162,7 +163,8 @@ def pack(rollouts: list[Rollout], pad_id: int) -> Packed:
         ids[i, : len(seq)] = torch.tensor(seq)
         attention[i, : len(seq)] = 1
         cols = slice(len(r.prompt) - 1, len(seq) - 1)
-        response[i, cols] = True
+        # tool results inside an episode are context, not actions: no loss, no staleness count
+        response[i, cols] = torch.tensor(r.generated) if r.generated else True
         behav[i, cols] = torch.tensor(r.logprobs)
         versions[i, cols] = torch.tensor(r.versions)
     return Packed(ids, attention, response, behav, versions)

@@ -5,6 +5,9 @@ A run folder holds:
   run's start when the step's weights were synced, reward and loss figures, `staleness_tokens`,
   and the trained batch's `prompt_lengths` / `response_lengths` histograms);
 - `timeline.csv`: intervals in the simulator's columns (TIMELINE_COLUMNS), seconds from the start;
+  an agentic run's tool calls are rows of resource TOOL_RESOURCE, activity TOOL_ACTIVITY, one sample each;
+- `tool_calls.csv` (agentic runs): each tool call's sample id, turn, start, end (seconds from the start),
+  the latency it slept and the weights' version it left at (TOOL_CALL_COLUMNS);
 - `plan.json`, `workload.yaml`, `cluster.yaml`: what ran, as the simulator reads them: the plan
   executed, the job with the length mix actually observed, and the machines;
 - `placement.json` (Ray runs): the mode, engine kind, whether bundles were pinned to the plan's
@@ -39,6 +42,9 @@ from traces.staleness import lag_bound
 from traces.workload import Workload, load_workload
 
 TIMELINE_COLUMNS = ("resource", "group", "activity", "start", "end", "version", "samples")
+TOOL_RESOURCE, TOOL_GROUP, TOOL_ACTIVITY = "tools", "environment", "tool_call"
+TOOL_CALL_COLUMNS = ("sample", "turn", "start", "end", "latency", "version")
+TOOL_CALLS_FILE = "tool_calls.csv"
 METRICS_FILE = "metrics.jsonl"
 TIMELINE_FILE = "timeline.csv"
 PLAN_FILE = "plan.json"

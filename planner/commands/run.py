@@ -114,14 +114,15 @@ def register(sub: Any) -> None:
 
 
 def toy_model(plan: Plan, workload: Workload | None) -> ModelSpec:
-    """The plan's model, if the toy runtime can build it: a tiny-llama shape over the character vocabulary."""
+    """The plan's model, if the toy runtime can build it: a tiny-llama shape over the character vocabulary
+    (with a `moe` block: the same attention over routed MLPs, a tiny Qwen3-MoE)."""
     spec = workload.model if workload is not None else get_model(plan.model or "tiny-llama")
     tiny = get_model("tiny-llama")
     if (spec.vocab, spec.intermediate) != (tiny.vocab, 4 * spec.hidden) or spec.hidden % spec.heads \
-            or spec.heads % spec.kv_heads:
+            or spec.heads % spec.kv_heads or (spec.moe is not None and (spec.moe.shared_experts or spec.moe.biases)):
         raise SpecError(f"plan model {spec.name!r}: rlfleet run trains the toy task with a tiny-llama shape "
-                        "(17-token vocabulary, heads dividing hidden, MLP 4x hidden); use tiny-llama, "
-                        "tiny-llama-h32 or tiny-llama-256")
+                        "(17-token vocabulary, heads dividing hidden, MLP 4x hidden, routed experts only); use "
+                        "tiny-llama, tiny-llama-h32, tiny-llama-256 or tiny-qwen3-moe")
     return spec
 
 
@@ -141,10 +142,10 @@ def engine_config(source: Any, spec: ModelSpec | None) -> Any:
         from runtime.hf_model import check_folder
 
         return AutoConfig.from_pretrained(str(check_folder(source.model)))  # a bad folder: one line first
-    from runtime.model import CharTokenizer, tiny_llama_config
+    from runtime.model import CharTokenizer, toy_config
 
     assert spec is not None
-    return tiny_llama_config(CharTokenizer(), spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.intermediate)
+    return toy_config(CharTokenizer(), spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.moe)
 
 
 def task_source(args: argparse.Namespace) -> Any:
@@ -186,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
         from runtime.ray_loop import TrainerLost
         from runtime.run_plan import run_shape
         from runtime.task_factory import HF_LR, TOY_ENTROPY, TOY_LR
+        from runtime.tiny_moe import moe_tp_refusal
         from runtime.toy import run_toy, run_toy_ray
         from runtime.trainer import TrainConfig
     except ImportError as exc:
@@ -200,11 +202,13 @@ def run(args: argparse.Namespace) -> int:
     task_name = args.task if source.toy else Path(args.dataset).stem
     config = engine_config(source, spec)
     engine = choose_engine(plan, config, args.engine, args.in_process)
-    shape = run_shape(plan, workload, cluster, group_refusal(engine, config, args.in_process))
+    shape = run_shape(plan, workload, cluster, group_refusal(engine, config, args.in_process), engine, source.toy)
     dp, tp = plan.trainer.dp, plan.trainer.tp
     heads = config.num_attention_heads
     check_trainer_shape(dp, tp, plan.trainer.pp, shape.prompts_per_step, heads,
                         getattr(config, "num_key_value_heads", None) or heads, config.intermediate_size)
+    if (why := moe_tp_refusal(config, tp)) is not None:
+        raise SpecError(why)
     engines = sum(g.instances for g in plan.rollout)
     if args.in_process and dp * tp > 1:
         raise SpecError(f"--in-process trains in one process; this plan's trainer has dp={dp} x tp={tp} ranks "
@@ -240,9 +244,11 @@ def run(args: argparse.Namespace) -> int:
                   "engine": engine,
                   # checkpoints only where the user keeps the folder
                   "checkpoint_every": args.checkpoint_every if folder else 0,
-                  "resume": args.resume is not None, "identity": {"plan": plan_shape(plan)}, "source": source}
+                  "resume": args.resume is not None, "identity": {"plan": plan_shape(plan)}, "source": source,
+                  "agentic": shape.agentic}
         if source.toy and spec is not None:  # the toy's model is built to the plan's shape; a --model has its own
-            common.update(hidden=spec.hidden, layers=spec.layers, heads=spec.heads, kv_heads=spec.kv_heads)
+            common.update(hidden=spec.hidden, layers=spec.layers, heads=spec.heads, kv_heads=spec.kv_heads,
+                          moe=spec.moe)
         try:
             if args.in_process:
                 result = run_toy(args.steps, **common)
@@ -261,7 +267,10 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write(f"rlfleet: error: {exc}\n")
             return EXIT_RUN_FAILED
         fid, why = None, no_spec
-        if spec is not None:
+        if shape.agentic is not None:  # the recorded lengths are whole episodes, not one turn's answer
+            why = ("an agentic run (its recorded lengths are whole episodes; the simulator's agentic model is "
+                   "not compared yet)")
+        elif spec is not None:
             observed = observed_workload(f"{task_name}-observed", spec, plan, read_metrics(out),
                                          prompts_per_step=shape.prompts_per_step, group_size=shape.group_size,
                                          ppo_minibatches=(train or TrainConfig()).minibatches)
@@ -278,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
                "duplicates_dropped": result.duplicates, "samples_trained": result.samples,
                "trainer_ranks": list(result.trainer_ranks), "placement": result.placement,
                "not_applied": list(shape.not_applied),
-               "engine_actors": list(result.engines),
+               "engine_actors": list(result.engines), "tool_calls": result.tool_calls,
                "prediction": fid.summary() if fid else {"skipped": why}}
     if folder:
         atomic_write_text(Path(folder) / RUN_FILE, json.dumps(summary, indent=1) + "\n")
@@ -296,6 +305,8 @@ def run(args: argparse.Namespace) -> int:
         f"  reward    {result.eval_before:.3f} -> {result.eval_after:.3f} (chance {result.chance:.3f}, "
         f"{result.eval_after / result.chance:.1f}x)",
         f"  staleness max {result.max_staleness} (bound {plan.staleness})",
+        *([f"  tools     {result.tool_calls} tool calls recorded (up to {shape.agentic.turns.max} turns per episode)"]
+          if shape.agentic is not None else []),
         f"  speed     {result.samples_per_s:,.0f} samples/s over {result.seconds:.1f} s",
         *(fidelity_lines(fid) if fid else [f"  prediction skipped: {why}"]),
         *([f"  records -> {folder}"] if folder else []),
