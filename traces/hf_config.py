@@ -42,7 +42,8 @@ FAMILIES: dict[str, tuple[bool, bool, int | None]] = {
     "mistral": (False, False, None),
     "qwen2": (True, False, None),  # Qwen2Attention: q/k/v Linear(bias=True), o_proj without
     "qwen3": (False, True, 128),  # Qwen3Config(head_dim=128); q_norm/k_norm per head
-    "qwen3_moe": (False, True, 128),  # Qwen3MoeConfig: as qwen3, its MLPs routed
+    "qwen3_moe": (False, True, None),  # Qwen3MoeConfig has no head_dim default: hidden / heads (modeling
+    # falls back to it); the published Qwen3 MoE config.json files all write head_dim: 128
     "mixtral": (False, False, None),
     "deepseek_v3": (False, False, None),  # MLA: head widths come from the mla fields
     "gpt_oss": (True, False, 64),  # GptOssConfig(attention_bias=True, head_dim=64)
