@@ -18,7 +18,6 @@ import logging
 import multiprocessing
 import os
 import pickle
-import socket
 import sys
 import uuid
 from collections.abc import Callable, Sequence
@@ -29,10 +28,9 @@ from typing import Any, Generic, TypeVar
 
 from traces import SpecError
 from traces.progress import bar, set_quiet
-from traces.ray_address import LOOPBACK_ENV, check_ray_address, host_port
+from traces.ray_address import LOOPBACK_ENV, check_ray_address, probe_ray_address
 
 KINDS = ("auto", "serial", "processes", "ray")
-PROBE_SECONDS = 5.0  # a Ray address must answer this fast: ray.init retries a dead one for minutes
 # a local Ray's object store: a sweep ships specs of a few kB per item (Ray's default takes 30% of RAM)
 OBJECT_STORE_BYTES = 256 * 1024**2
 
@@ -199,14 +197,8 @@ def _ray_work(setup: Callable[[Any], Any], work: Callable[[Any, Any], Any], boxe
 def join_ray(address: str | None) -> Any:
     """The `ray` module, joined to `address`, or to the Ray this process already joined, or to a new
     local one on loopback; SpecError (one line) if Ray is not installed or the address does not answer."""
-    where = host_port(address) if address is not None else None
-    if where is not None:
-        try:
-            socket.create_connection(where, timeout=PROBE_SECONDS).close()
-        except OSError as exc:
-            raise SpecError(f"nothing answers at Ray address {address} ({exc.strerror or type(exc).__name__}); "
-                            "start the head with `ray start --head` and pass its address, or use executor "
-                            "'processes'") from None
+    if address is not None:
+        probe_ray_address(address, "use executor 'processes'")
     if address is None and "ray" not in sys.modules:
         os.environ.setdefault(LOOPBACK_ENV, "0")
     try:

@@ -7,7 +7,11 @@ import os
 
 from runtime.placement import TYPE_RESOURCE
 from traces import Plan
-from traces.ray_address import LOOPBACK_ENV  # "0": Ray takes 127.0.0.1 as the node address
+from traces.ray_address import (  # "0": Ray takes 127.0.0.1 as the node address
+    LOOPBACK_ENV,
+    check_ray_address,
+    probe_ray_address,
+)
 
 __all__ = ["LOOPBACK_ENV", "init_ray"]
 
@@ -21,6 +25,8 @@ def init_ray(plan: Plan, address: str | None = None, extra_cpus: int = 1) -> Non
     """
     if address is None:
         os.environ.setdefault(LOOPBACK_ENV, "0")
+    else:
+        probe_ray_address(check_ray_address(address), "drop --address to run on a local cluster")
     import ray
 
     if ray.is_initialized():

@@ -29,3 +29,7 @@ def test_rlfleet_run_refuses_what_it_cannot_do(cli, write) -> None:  # type: ign
     assert res.code == 2 and "H100" in res.err and "cpu-host" in res.err and len(res.err.strip().splitlines()) == 1
     res = cli("run", "traces/data/plans/toy-cpu.json", "--steps", "1", "--in-process", "--address", "127.0.0.1:1")
     assert res.code == 2 and "not allowed with" in res.err
+    res = cli("run", "traces/data/plans/toy-cpu.json", "--steps", "1", "--address", "127.0.0.1:1")  # nobody listens
+    assert res.code == 2 and "nothing answers at Ray address 127.0.0.1:1" in res.err
+    res = cli("run", "traces/data/plans/toy-cpu.json", "--steps", "1", "--address", "no port")
+    assert res.code == 2 and "ray address 'no port'" in res.err

@@ -4,6 +4,7 @@ and the switch that keeps a Ray started here on loopback."""
 from __future__ import annotations
 
 import re
+import socket
 
 from traces.errors import SpecError
 
@@ -11,6 +12,7 @@ from traces.errors import SpecError
 # (ray._private.ray_constants), so it is set before that import; without it Ray picks this host's
 # external address, unreachable on some machines.
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+PROBE_SECONDS = 5.0  # a Ray address must answer this fast: ray.init retries a dead one for minutes
 
 # The forms ray.init(address=...) documents: "auto" (the cluster `ray start` made on this machine),
 # "local" (a new one), the head's GCS "host:port", or Ray Client's "ray://host:port".
@@ -38,3 +40,16 @@ def host_port(address: str) -> tuple[str, int] | None:
     match = _ADDRESS.match(text)
     assert match is not None  # check_ray_address matched it
     return match.group(2).strip("[]"), int(match.group(4))
+
+
+def probe_ray_address(address: str, instead: str) -> None:
+    """SpecError (one line, ending in `instead`) unless something listens at the address's host:port:
+    a TCP connect in seconds, before ray.init spends minutes retrying a dead head."""
+    where = host_port(address)
+    if where is None:
+        return
+    try:
+        socket.create_connection(where, timeout=PROBE_SECONDS).close()
+    except OSError as exc:
+        raise SpecError(f"nothing answers at Ray address {address} ({exc.strerror or type(exc).__name__}); "
+                        f"start the head with `ray start --head` and pass its address, or {instead}") from None

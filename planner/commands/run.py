@@ -66,6 +66,7 @@ from traces import (
 )
 from traces.io import atomic_write_text, ensure_folder
 from traces.progress import bar
+from traces.ray_address import check_ray_address, probe_ray_address
 from traces.records import RUN_FILE, observed_workload, read_metrics, read_run, write_run_spec
 
 TASKS = ("addition",)
@@ -177,6 +178,8 @@ def hf_model_spec(source: Any) -> tuple[ModelSpec | None, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.address is not None:  # in a second, before torch's import; ray.init retries a dead head for minutes
+        probe_ray_address(check_ray_address(args.address), "drop --address to run on a local cluster")
     try:
         import torch
         import transformers
