@@ -61,3 +61,20 @@ def test_the_analytic_rate_is_within_15_percent_of_the_simulated_one() -> None:
     analytic = reprice_sync(CM, CLUSTER, w, cand, found[0], plan).samples_per_s
     simulated = simulate(CLUSTER, w, plan, CM, steps=12, seed=0, record_queue=False).samples_per_s
     assert analytic == pytest.approx(simulated, rel=0.15)
+
+
+def test_exports_carry_the_episodes_to_verl_and_refuse_them_for_areal() -> None:
+    from planner.exports import areal, verl
+    from traces import Plan, RolloutGroup, SpecError, TrainerGroup
+
+    w = _workload(TOOLS)
+    plan = Plan(mode="async", staleness=4, rollout=(RolloutGroup(gpu_type="H20", tp=1, instances=8),),
+                trainer=TrainerGroup(gpu_type="H800", dp=8))
+    over = verl.spec(plan, CLUSTER, w)["overrides"]
+    prefix = "actor_rollout_ref.rollout.multi_turn"
+    for line in (f"{prefix}.enable=True", f"{prefix}.max_assistant_turns=4", f"{prefix}.max_user_turns=3",
+                 f"{prefix}.max_tool_response_length=1024", f"data.max_response_length={4 * 2048 + 3 * 1024}"):
+        assert line in over
+    assert not any("multi_turn" in o for o in verl.spec(plan, CLUSTER, _workload(None))["overrides"])
+    with pytest.raises(SpecError, match="agentic episodes"):
+        areal.config(plan, CLUSTER, w, ["n0", "n1"])
