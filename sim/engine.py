@@ -306,9 +306,11 @@ class Engine:
         self.catch_up()
 
     def _admit(self, admission: Admission, batch: Batch, context: float) -> None:
-        later = self.inbox[admission.seen:]  # routed since it was decided
         self.waiting = admission.waiting
-        self.inbox = np.concatenate((admission.inbox, later)) if len(later) else admission.inbox
+        if len(self.inbox) > admission.seen:  # routed since it was decided: in line behind the rest
+            self.inbox = np.concatenate((admission.inbox, self.inbox[admission.seen:]))
+        else:
+            self.inbox = admission.inbox
         self.batch, self.context = batch, context
 
     # ---- decoding -------------------------------------------------------------------------

@@ -219,17 +219,27 @@ class Fleet:
         """The router (or a tool call returning: sim.tool_calls) sends sids[i] to engine[i]: engines
         the fleet holds while they wait for, or just got, weights as arrays take theirs as arrays;
         the others hear of their work in the order they got their first sample."""
-        where = self.table.where[engine]
-        if len(engine) == 1 and where[0] != LOADING:  # the common case of a busy fleet: a freed slot refilled
-            self.engines[int(engine[0])].assign(sids)
+        if len(engine) == 1 and not self._to_lay_out and self.table.where[int(engine[0])] != LOADING:
+            self.engines[int(engine[0])].assign(sids)  # the common case of a busy fleet: a freed slot refilled
             return
-        held = where == LOADING
-        if held.any():
-            homes = self.table.home[engine]
-            for g in {id(h): h for h in homes[held]}.values():
-                mine = held & np.array([h is g for h in homes])
-                g.route(self.table.slot[engine[mine]], sids[mine])
-        own = ~held
+        member = np.full(len(self.engines), -1)
+        slot = np.zeros(len(self.engines), np.int64)
+        for gi, g in enumerate(self._to_lay_out):
+            member[g.engines] = gi
+            slot[g.engines] = np.arange(len(g.engines))
+        where = member[engine]
+        for gi, g in enumerate(self._to_lay_out):
+            mine = where == gi
+            if mine.any():
+                g.route(slot[engine[mine]], sids[mine])
+        own = where < 0
+        # only an episode back from its tool call reaches an engine still waiting for its weights (the
+        # router sends to none): its group holds its inbox
+        waiting = own & (self.table.where[engine] == LOADING)
+        for i in np.flatnonzero(waiting).tolist():
+            g = self.table.home[engine[i]]
+            g.route(self.table.slot[engine[i:i + 1]], sids[i:i + 1])
+        own &= ~waiting
         if own.any():
             for i, mine in deal(engine[own], sids[own]):
                 self.engines[i].assign(mine)
