@@ -25,6 +25,7 @@ from itertools import product
 
 import numpy as np
 
+from planner import agentic_rate
 from planner.tail_model import drain_loss_seconds, residual_lengths
 from traces import Cluster, CostModel, GpuType, ModelSpec, Workload
 from traces.costmodel.rl import trainer_fits, trainer_step_seconds
@@ -186,6 +187,9 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
     prompt, response = workload.prompt_len.expected(), workload.response_len.expected()
     square = workload.response_len.expected_square()
     context = prompt + square / (2 * response)  # mean context of a running sample
+    episodes = workload.agentic is not None  # multi-turn: the curve is over episodes in flight (planner.agentic_rate)
+    if episodes:
+        context = agentic_rate.decode_context(workload)
     draws = np.sort(workload.response_len.sample(np.random.default_rng(0), DRAWS))
     residuals = residual_lengths(draws)
     out = []
@@ -198,18 +202,22 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
                     continue
                 if float(cm.kv_capacity_tokens(pool.gpu, model, tp, ep)) < workload.max_seq_len:
                     continue
-                full = int(cm.generation_rate(pool.gpu, model, tp, prompt_mean=prompt, response_mean=response,
-                                              response_sq_mean=square, ep=ep).batch)
+                full = agentic_rate.full_batch(cm, pool.gpu, workload, tp, ep) if episodes else int(
+                    cm.generation_rate(pool.gpu, model, tp, prompt_mean=prompt, response_mean=response,
+                                       response_sq_mean=square, ep=ep).batch)
                 if full < 1:
                     continue
                 points = np.unique(np.r_[2 ** np.arange(int(np.log2(full)) + 1), full])
-                if workload.mode == "async":
+                held = points.astype(float)  # samples in flight at each point: the running ones, but for episodes
+                if episodes:  # the steady state in any mode (an on-policy drain of episodes is not modelled)
+                    held, rates = agentic_rate.episode_rates(cm, pool.gpu, workload, tp, points, ep)
+                elif workload.mode == "async":
                     rates = cm.generation_rate(pool.gpu, model, tp, prompt_mean=prompt, response_mean=response,
                                                response_sq_mean=square, max_num_seqs=points, ep=ep).samples_per_s
                 else:
                     rates = drain_rates(cm, pool.gpu, workload, tp, points, draws, ep)
                 rates = rates / workload.generated_per_trained  # trained samples/s: dynamic sampling drops the rest
-                widths = np.diff(np.r_[0, points]).astype(float)
+                widths = np.diff(np.r_[0.0, held])
                 slopes = np.minimum.accumulate(np.diff(np.r_[0.0, rates]) / widths)  # keep the curve concave
                 update: tuple[float, ...] = ()
                 if workload.interruptible and workload.mode == "async":
@@ -221,7 +229,8 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
                 out.append(EngineOption(pool.index, tp, float((widths * slopes).sum()), full,
                                         tp * pool.gpu.price_per_gpu_hour,
                                         tuple(zip(widths.tolist(), slopes.tolist(), strict=True)),
-                                        _longest_sample_seconds(cm, pool.gpu, workload, tp, ep), update, ep))
+                                        agentic_rate.longest_episode_seconds(cm, pool.gpu, workload, tp, ep) if episodes
+                                        else _longest_sample_seconds(cm, pool.gpu, workload, tp, ep), update, ep))
     return out
 
 
@@ -340,8 +349,12 @@ def candidates(cm: CostModel, cluster: Cluster, workload: Workload, *, staleness
     engines = engine_options(cm, pools, workload, sync)
     trainers = trainer_options(cm, pools, workload, sync, max_trainer_nodes)
     eta = workload.staleness if staleness is None else staleness
-    longest = expected_longest(workload.response_len, admission_cap(eta, 0, workload.samples_per_step))
-    ratio = workload.response_len.expected() / longest
+    cohort = admission_cap(eta, 0, workload.samples_per_step)
+    if workload.agentic is None:
+        ratio = workload.response_len.expected() / expected_longest(workload.response_len, cohort)
+    else:  # a cohort waits for its episode with the most to decode
+        draws = agentic_rate.decoded_per_episode(workload, cohort * 16).reshape(16, cohort)
+        ratio = float(draws.mean() / draws.max(axis=1).mean())
     dapo = workload.dynamic_sampling
     return Candidates(pools, tuple(engines), tuple(trainers), workload.samples_per_step, eta, sync, ratio,
                       workload.interruptible and workload.mode == "async", workload.generated_per_trained,

@@ -27,6 +27,9 @@ class Admission:
     waiting: deque[int]
     inbox: np.ndarray
     fresh: bool = True  # none of them was preempted (all come from the inbox)
+    # the inbox's length when decided: what is routed after (an episode back from its tool call,
+    # while a decided prefill is still to come) stays in line behind `inbox`
+    seen: int = 0
 
 
 def decide_admission(s: Samples, waiting: deque[int], inbox: np.ndarray, running: int, max_batch: int, context: float,
@@ -40,6 +43,7 @@ def decide_admission(s: Samples, waiting: deque[int], inbox: np.ndarray, running
                                  int(s.prompt[waiting[0]] + s.generated[waiting[0]]), room):  # type: ignore[arg-type]
             new.append(waiting.popleft())
     ids = np.array(new, dtype=np.int64) if new else EMPTY
+    seen = len(inbox)
     if not waiting and len(inbox):
         # routed samples in order while the batch has room and each fits; the first that does
         # not fit waits (it is first in line then), and the rest stay in the inbox
@@ -53,12 +57,13 @@ def decide_admission(s: Samples, waiting: deque[int], inbox: np.ndarray, running
             waiting = deque([int(head[n])])
             n += 1
         inbox = inbox[n:]
-    return Admission(ids, waiting, inbox, fresh=not new)
+    return Admission(ids, waiting, inbox, fresh=not new, seen=seen)
 
 
 def joined_batch(s: Samples, batch: Batch, ids: np.ndarray, fresh: bool, progress: int, context: float
            ) -> tuple[Batch, float, int]:
-    """The batch, KV context and prefill tokens once `ids` have joined (`fresh`: none was preempted)."""
+    """The batch, KV context and prefill tokens once `ids` have joined (`fresh`: none was preempted).
+    An episode back from a tool call may hold its context in the prefix cache: not prefilled again."""
     if fresh:  # routed samples: nothing generated yet
         tokens, finish = int(s.prompt[ids].sum()), progress + s.response[ids]
     else:
@@ -68,4 +73,4 @@ def joined_batch(s: Samples, batch: Batch, ids: np.ndarray, fresh: bool, progres
     now_in = np.full(len(ids), progress, np.int64)
     out = batch.plus(ids, finish, now_in) if len(batch) else Batch(ids, finish, now_in)
     # integers all along: the sum is exact, whatever the order the reference adds them in
-    return out, context + tokens, tokens
+    return out, context + tokens, s.prefill_tokens(ids, tokens)

@@ -30,6 +30,7 @@ from sim.completion_pool import CompletionPool
 from sim.decode_plans import FlatDecodePlans
 from sim.recorder import Recorder
 from sim.samples import Samples
+from sim.tool_calls import ToolCalls, plan_entries
 from traces.capacity import CapacityLedger
 from traces.routing import Router
 
@@ -44,9 +45,10 @@ class FleetView(Protocol):
 
 class Controller:
     def __init__(self, env: simpy.Environment, batch: int, eta: float, samples: Samples, chunk: int = 0,
-                 passes: np.ndarray | None = None, oversample: float = 1.0) -> None:
+                 passes: np.ndarray | None = None, oversample: float = 1.0, tools: ToolCalls | None = None) -> None:
         self.env = env
         self.samples = samples
+        self.tools = tools  # agentic episodes: turns that end in a tool call are filed there
         self.ledger: CapacityLedger[np.ndarray] = CapacityLedger(batch, eta, len(samples), chunk,
                                                                  oversample=oversample)
         self.passes = passes  # dynamic sampling: [sid] whether its group passes the filter; None: all do
@@ -99,38 +101,67 @@ class Controller:
         first = self.ledger.admit(len(engine))
         sids = np.arange(first, first + len(engine))
         self.samples.start_version[sids] = version
+        if self.samples.home is not None:  # an episode's turns all run where it was routed
+            self.samples.home[sids] = engine
         self.fleet.assign(engine, sids)
         if self._watch_step is not None:  # more samples in flight: the shortfalls change
             self.watch(self._watch_step)
 
     # ---- filing completions ------------------------------------------------------------------
-    def file(self, times: np.ndarray, sids: np.ndarray) -> int:
-        """An engine will complete `sids` (into the buffer) at `times`, unless it cuts its decode
-        plan: the part id to cut."""
+    def file(self, times: np.ndarray, sids: np.ndarray, version: int = 0) -> int:
+        """An engine running weights `version` will complete `sids` (into the buffer) at `times`,
+        unless it cuts its decode plan: the part id to cut."""
+        if self.tools is not None:
+            n = len(sids)
+            return self._file_turns(times, sids, np.zeros(n, np.int64), np.arange(n), 1, np.full(n, version))
         part = self.pool.file(times, sids)
         self._retime_soon()
         return part
 
-    def file_plans(self, plans: FlatDecodePlans, reward: np.ndarray) -> int:
-        """What n engines' decode plans complete (see CompletionPool.file_plans): the first part's id."""
+    def file_plans(self, plans: FlatDecodePlans, reward: np.ndarray, version: np.ndarray) -> int:
+        """What n engines' decode plans complete (see CompletionPool.file_plans), engine e running
+        weights version[e]: the first part's id."""
+        if self.tools is not None:
+            times, sids, owner, ranks = plan_entries(plans, reward)
+            return self._file_turns(times, sids, owner, ranks, len(plans.n_done), np.asarray(version)[owner])
         first = self.pool.file_plans(plans, reward)
         self._retime_soon()
         return first
 
-    def file_parts(self, times: np.ndarray, sids: np.ndarray, owner: np.ndarray, ranks: np.ndarray, n: int) -> int:
-        """Completions of n engines filed together (see CompletionPool.file_parts): the first part's id."""
+    def file_parts(self, times: np.ndarray, sids: np.ndarray, owner: np.ndarray, ranks: np.ndarray, n: int,
+                   version: np.ndarray) -> int:
+        """Completions of n engines filed together (see CompletionPool.file_parts), entry i by weights
+        version[i]: the first part's id."""
+        if self.tools is not None:
+            return self._file_turns(times, sids, owner, ranks, n, version)
         first = self.pool.file_parts(times, sids, owner, ranks, n)
+        self._retime_soon()
+        return first
+
+    def _file_turns(self, times: np.ndarray, sids: np.ndarray, owner: np.ndarray, ranks: np.ndarray, n: int,
+                    version: np.ndarray) -> int:
+        """Agentic: last turns into the pool, the others to the tool calls, as the same n parts."""
+        assert self.tools is not None
+        last = self.tools.last_turn(sids)
+        more = ~last
+        first = self.pool.file_parts(times[last], sids[last], owner[last], ranks[last], n)
+        also = self.tools.file(times[more], sids[more], owner[more], ranks[more], n, version[more])
+        assert also == first, "the tool calls number their parts as the pool does"
         self._retime_soon()
         return first
 
     def cut(self, part: int, keep: int) -> None:
         """Only the first `keep` completions filed as `part` happen."""
         self.pool.cut(part, keep)
+        if self.tools is not None:
+            self.tools.cut(part, keep)
         self._retime_soon()
 
     def cut_parts(self, parts: np.ndarray, keep: np.ndarray) -> None:
         """`cut` for many parts at once."""
         self.pool.cut_parts(parts, keep)
+        if self.tools is not None:
+            self.tools.cut_parts(parts, keep)
         self._retime_soon()
 
     def deliver(self) -> None:

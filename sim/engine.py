@@ -235,7 +235,7 @@ class Engine:
         n = int(sg.plan.done.sum()) if sg.plan is not None else 0
         if n:
             sg.plan.part = self.controller.file(np.repeat(sg.plan.ends, sg.plan.done) + self.reward_seconds,
-                                                sg.plan.batch.sid[:n])
+                                                sg.plan.batch.sid[:n], self.version)
         if sg.quiet and sg.plan is not None:
             # its prefills need no events of their own: they happen inside the decode plan's one wait, and
             # are recorded as time passes them (`catch_up`)
@@ -306,7 +306,11 @@ class Engine:
         self.catch_up()
 
     def _admit(self, admission: Admission, batch: Batch, context: float) -> None:
-        self.waiting, self.inbox = admission.waiting, admission.inbox
+        self.waiting = admission.waiting
+        if len(self.inbox) > admission.seen:  # routed since it was decided: in line behind the rest
+            self.inbox = np.concatenate((admission.inbox, self.inbox[admission.seen:]))
+        else:
+            self.inbox = admission.inbox
         self.batch, self.context = batch, context
 
     # ---- decoding -------------------------------------------------------------------------
@@ -359,7 +363,7 @@ class Engine:
         if finished:  # it ends now, not when laid out: file the completions again, at now
             sids = self.batch.sid[:finished]
             self.context -= float(self.samples.exit_tokens[sids].sum())
-            self.controller.file(np.full(finished, self.env.now + self.reward_seconds), sids)
+            self.controller.file(np.full(finished, self.env.now + self.reward_seconds), sids, self.version)
             self._complete(finished, now=True)
         self._preempt()
 
@@ -395,6 +399,8 @@ class Engine:
             s.credit(np.array([sid]), self.version, np.array([tokens]))
             s.generated[sid] += tokens
             self.context -= int(s.prompt[sid] + s.generated[sid])
+            if s.cached is not None:  # its KV is recomputed whole, as any preempted sample's
+                s.cached[sid] = 0
             self.waiting.appendleft(sid)
 
     def load_weights(self, request: tuple[int, float], start: float) -> None:

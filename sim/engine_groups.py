@@ -96,7 +96,12 @@ class Loading:
         idx = np.flatnonzero(keep)
         renumber = np.cumsum(keep) - 1
         rows = keep[self.owner]
-        return Loading(self.engines[idx], self.version[idx], self.progress[idx],
-                       self.context[idx], self.start[idx], renumber[self.owner[rows]], self.sid[rows],
-                       self.fin[rows], self.joined[rows], self.count[idx])
+        out = Loading(self.engines[idx], self.version[idx], self.progress[idx],
+                      self.context[idx], self.start[idx], renumber[self.owner[rows]], self.sid[rows],
+                      self.fin[rows], self.joined[rows], self.count[idx])
+        in_owner, in_sid = self.inbox()  # routed to them already (an episode back from a tool call)
+        if len(in_sid) and keep[in_owner].any():
+            mine = keep[in_owner]
+            out.route(renumber[in_owner[mine]], in_sid[mine])
+        return out
 

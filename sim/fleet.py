@@ -122,6 +122,8 @@ class Fleet:
             firsts = np.cumsum(sizes) - sizes
             fits[firsts[[not len(e.batch) for e in engines]]] = True  # an empty engine always takes one
             tokens = np.add.reduceat(prompt, firsts).tolist()
+            cached = self.samples.cached  # episodes back from a tool call: their prefix is not prefilled again
+            prefill = tokens if cached is None else (np.add.reduceat(prompt - cached[ids], firsts)).tolist()
             finish = np.array([e.progress for e in engines])[which] + self.samples.response[ids]
             misfit = np.bincount(which[~fits], minlength=len(engines)).tolist()
             bounds = np.append(firsts, len(ids)).tolist()
@@ -132,7 +134,7 @@ class Fleet:
                     continue
                 lo, hi = bounds[n], bounds[n + 1]
                 new = Batch(ids[lo:hi], finish[lo:hi], np.full(hi - lo, e.progress, np.int64))
-                out[i] = prepare_routed(e, reprefill, new, tokens[n])
+                out[i] = prepare_routed(e, reprefill, new, tokens[n], prefill[n])
         return out  # type: ignore[return-value]
 
     def lay_out(self, segments: list[Segment]) -> None:
@@ -209,11 +211,16 @@ class Fleet:
             loads[i] = self.engines[i].load()
         return acc, loads
 
+    def same_weights(self, engine: np.ndarray, version: np.ndarray) -> np.ndarray:
+        """Whether each engine still runs weights `version`, no update pending (sim.tool_calls.Homes)."""
+        return (self.table.version[engine] == version) & (self.table.update_version[engine] < 0)
+
     def assign(self, engine: np.ndarray, sids: np.ndarray) -> None:
-        """The router sends sids[i] to engine[i]: engines that just loaded as arrays take theirs as
-        arrays; the others hear of their work in the order they got their first sample."""
-        if len(engine) == 1 and not self._to_lay_out:  # the common case of a busy fleet: a freed slot refilled
-            self.engines[int(engine[0])].assign(sids)
+        """The router (or a tool call returning: sim.tool_calls) sends sids[i] to engine[i]: engines
+        the fleet holds while they wait for, or just got, weights as arrays take theirs as arrays;
+        the others hear of their work in the order they got their first sample."""
+        if len(engine) == 1 and not self._to_lay_out and self.table.where[int(engine[0])] != LOADING:
+            self.engines[int(engine[0])].assign(sids)  # the common case of a busy fleet: a freed slot refilled
             return
         member = np.full(len(self.engines), -1)
         slot = np.zeros(len(self.engines), np.int64)
@@ -226,6 +233,13 @@ class Fleet:
             if mine.any():
                 g.route(slot[engine[mine]], sids[mine])
         own = where < 0
+        # only an episode back from its tool call reaches an engine still waiting for its weights (the
+        # router sends to none): its group holds its inbox
+        waiting = own & (self.table.where[engine] == LOADING)
+        for i in np.flatnonzero(waiting).tolist():
+            g = self.table.home[engine[i]]
+            g.route(self.table.slot[engine[i:i + 1]], sids[i:i + 1])
+        own &= ~waiting
         if own.any():
             for i, mine in deal(engine[own], sids[own]):
                 self.engines[i].assign(mine)

@@ -140,8 +140,11 @@ class Parking:
         n = len(idx)
         running, head, rest, tokens, all_owner, all_sid, all_fin, all_joined, is_new = admit_rows(
             owner, sid, fin, joined, in_owner, in_sid, take, progress, s.prompt, s.response, n)
+        prefill = tokens
+        if s.cached is not None:  # episodes back from a tool call: their prefix is not prefilled again
+            prefill = tokens - np.bincount(in_owner[take], s.cached[in_sid[take]], minlength=n)
         # both prefills' seconds in one pass: the KV re-prefill of what runs, then the new prompts
-        secs = self._prefill(np.concatenate((idx, idx)), np.concatenate((np.where(reprefill, context, 0.0), tokens)))
+        secs = self._prefill(np.concatenate((idx, idx)), np.concatenate((np.where(reprefill, context, 0.0), prefill)))
         reprefill_end = np.where(reprefill, now + secs[:n], np.nan)
         after = np.where(reprefill, reprefill_end, now)
         has_new = head > 0
@@ -153,7 +156,7 @@ class Parking:
                                  c.stack, c.table_of[idx], self.exit_tokens)
         is_new = is_new[flat.order]
         # completions: each engine's first rows, at the ends of their jumps (plus the reward)
-        first_part = self.controller.file_plans(flat, c.reward[idx])
+        first_part = self.controller.file_plans(flat, c.reward[idx], version)
         idle_end = (flat.n_done == np.diff(flat.rows)) & (rest == 0)
         p = Parked(idx, np.ones(n, bool), version, progress, context, context1, np.full(n, now), reprefill_end,
                    prefill_end, running, head, np.ones(n, bool), is_new, rest, idle_end, flat, t0, first_part)
@@ -196,7 +199,7 @@ class Parking:
             new_sids = np.sort(plan.batch.sid[new])
             reprefill_end = float(p.reprefill_end[i]) if not np.isnan(p.reprefill_end[i]) else None
             prefill_end = float(p.prefill_end[i]) if not np.isnan(p.prefill_end[i]) else None
-            admission = Admission(new_sids, deque(), e.inbox)
+            admission = Admission(new_sids, deque(), e.inbox, seen=len(new_sids) + len(e.inbox))
             joined = (plan.batch, float(p.context[i])) if len(new_sids) else None
             phases = Segment(True, float(p.seg_start[i]), reprefill_end, admission, joined, prefill_end, None, plan)
             inbox = np.concatenate((new_sids, e.inbox)) if len(new_sids) else e.inbox
@@ -267,7 +270,7 @@ class Parking:
             ends[cutting] = stop_at
             late = flat.sid[flat.rows[late_owner] + n_done[late_owner] + late_rank]
             self.controller.file_parts(ends[late_owner] + self.consts.reward[gidx[late_owner]], late, late_owner,
-                                       late_rank, n)
+                                       late_rank, n, p.version[late_owner])
         waiting_since = np.full(n, now)
         waiting_since[cutting] = stop_at
         keep = np.flatnonzero(chosen)

@@ -78,15 +78,16 @@ def prepare(e: EngineView, reprefill: bool) -> Segment:
     return Segment(quiet, e.env.now, reprefill_end, admission, now_joined, prefill_end, request)
 
 
-def prepare_routed(e: EngineView, reprefill: bool, new: Batch, tokens: int) -> Segment:
+def prepare_routed(e: EngineView, reprefill: bool, new: Batch, tokens: int, prefill_tokens: int) -> Segment:
     """`prepare` when quiet with nothing preempted waiting, and `new` (the inbox's head) all fits
-    (sim.fleet works that out for many engines at once)."""
+    (sim.fleet works that out for many engines at once): `tokens` of context join, `prefill_tokens`
+    of them prefilled (the rest in the prefix cache)."""
     now = e.env.now
     reprefill_end = now + e.prefill(e.context) if reprefill else None
     context = e.context + tokens
-    prefill_end = t = (now if reprefill_end is None else reprefill_end) + e.prefill(tokens)
+    prefill_end = t = (now if reprefill_end is None else reprefill_end) + e.prefill(prefill_tokens)
     inbox = e.inbox[len(new):]
-    admission = Admission(new.sid, e.waiting, inbox)
+    admission = Admission(new.sid, e.waiting, inbox, seen=len(e.inbox))
     joined = (new, context)  # Fleet puts the whole batch, as the decode plan sorted it, in here
     request = DecodeRequest(e.batch, e.progress, context, t, e.kv_tokens, e.decode, len(inbox) > 0, new)
     return Segment(True, now, reprefill_end, admission, joined, prefill_end, request)
@@ -95,5 +96,5 @@ def prepare_routed(e: EngineView, reprefill: bool, new: Batch, tokens: int) -> S
 def _admission(e: EngineView) -> Admission:
     """Which waiting, then routed, samples join the batch now (sim.admission)."""
     if e.update is not None or not (e.waiting or len(e.inbox)):  # a draining engine admits nothing
-        return Admission(EMPTY, e.waiting, e.inbox)
+        return Admission(EMPTY, e.waiting, e.inbox, seen=len(e.inbox))
     return decide_admission(e.samples, e.waiting, e.inbox, len(e.batch), e.max_batch, e.context, e.kv_tokens)

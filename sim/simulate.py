@@ -20,9 +20,11 @@ from sim.fleet import Fleet
 from sim.recorder import Recorder
 from sim.result import SimResult
 from sim.samples import Samples
+from sim.tool_calls import ToolCalls
 from sim.trainer import Trainer
 from traces import Cluster, CostModel, Plan, SpecError, Workload
 from traces.costmodel.rl import colocated_resident_bytes, colocated_trainer_fits, trainer_step_seconds
+from traces.episodes import Episodes
 from traces.links import sync_path_bytes_per_s, trainer_network
 from traces.plan import RolloutGroup
 from traces.plan_check import check_plan
@@ -138,6 +140,8 @@ def _simulate(cluster: Cluster, workload: Workload, plan: Plan, cost_model: Cost
     rng = np.random.default_rng(seed)
     prompts = workload.prompt_len.sample(rng, total)
     responses = workload.response_len.sample(rng, total)
+    agentic = workload.agentic
+    episodes = None if agentic is None else Episodes.draw(agentic, workload.response_len, responses, seed)
     specs = _engine_specs(cm, cluster, workload, plan)
     interruptible = workload.interrupts(plan.mode)
     dapo = workload.dynamic_sampling
@@ -145,10 +149,15 @@ def _simulate(cluster: Cluster, workload: Workload, plan: Plan, cost_model: Cost
     filtering = {"passes": passes, "oversample": 1.0 if dapo is None else dapo.oversample}
     if token_level:
         ctl = ref.Controller(env, batch, eta, prompts, responses, chunk, **filtering)
-        engines = _reference_engines(env, rec, ctl, workload, specs, interruptible)
+        engines = _reference_engines(env, rec, ctl, workload, specs, interruptible,
+                                     None if episodes is None else ref.ToolCalls(env, episodes))
     else:
-        ctl = Controller(env, batch, eta, Samples(prompts, responses), chunk, **filtering)
+        samples = Samples(prompts, responses, episodes=episodes is not None)
+        tools = None if episodes is None else ToolCalls(env, samples, episodes, workload.reward_seconds)
+        ctl = Controller(env, batch, eta, samples, chunk, **filtering, tools=tools)
         fleet = Fleet(env, ctl.samples)
+        if tools is not None:
+            tools.homes = fleet
         engines = [
             Engine(env, s.name, _group_key(s.group), s.decode, s.prefill, s.max_batch, s.kv_tokens, ctl, rec, fleet,
                    workload.reward_seconds, mean_iteration_s=s.mean_iteration_s, interruptible=interruptible)
@@ -206,7 +215,7 @@ def _group_passes(workload: Workload, total: int, seed: int) -> np.ndarray:
 
 def _reference_engines(
     env: simpy.Environment, rec: Recorder, ctl: ref.Controller, workload: Workload, specs: list[_EngineSpec],
-    interruptible: bool,
+    interruptible: bool, tools: ref.ToolCalls | None,
 ) -> list[ref.Engine]:
     """The token-level reference: per-sample objects, one event per decode iteration."""
 
@@ -217,7 +226,8 @@ def _reference_engines(
             ctl.completed(done)
 
     engines = [ref.Engine(env, s.name, _group_key(s.group), s.decode, s.prefill, s.max_batch, s.kv_tokens, ctl, rec,
-                          finish, mean_iteration_s=s.mean_iteration_s, interruptible=interruptible) for s in specs]
+                          finish, mean_iteration_s=s.mean_iteration_s, interruptible=interruptible, tools=tools)
+               for s in specs]
     return engines
 
 

@@ -114,3 +114,29 @@ class Agentic(BaseModel):
         """Mean tokens of one episode (turn count independent of the lengths, Wald's identity)."""
         return (prompt.expected() + self.turns.expected() * response.expected()
                 + self.expected_tool_calls() * self.tool_tokens.expected())
+
+    # ---- episode means for the planner's analytic rate (planner.agentic_rate) -------------------
+    def _turn_pairs(self) -> float:
+        """E[T (T - 1)] / 2: the pairs of turns (t' < t) of an episode, each adding a turn's answer
+        and tool result to the later one's context."""
+        return (self.turns.expected_square() - self.turns.expected()) / 2
+
+    def decode_context(self, prompt: LengthDist, response: LengthDist) -> float:
+        """Mean context of a decoding turn, weighted by its decode iterations: the prompt, the earlier
+        turns' answers and tool results (E[T (T-1)] / (2 E[T]) of them per turn, on average), and
+        E[o^2] / (2 E[o]) of its own answer so far (as traces.costmodel's generation_rate)."""
+        earlier = self._turn_pairs() / self.turns.expected() * (response.expected() + self.tool_tokens.expected())
+        return prompt.expected() + earlier + response.expected_square() / (2 * response.expected())
+
+    def prefill_tokens(self, prompt: LengthDist, response: LengthDist) -> float:
+        """Mean tokens an episode prefills: its prompt, then at each tool call's return its result
+        (prefix cache) or its whole context so far, E[T-1] E[p] + E[T(T-1)/2] (E[o] + E[u])."""
+        calls = self.expected_tool_calls()
+        if self.prefix_cache:
+            return prompt.expected() + calls * self.tool_tokens.expected()
+        grown = self._turn_pairs() * (response.expected() + self.tool_tokens.expected())
+        return prompt.expected() * (1 + calls) + grown
+
+    def wait_seconds(self) -> float:
+        """Mean seconds an episode spends out on tool calls (holding no slot)."""
+        return self.expected_tool_calls() * self.tool_latency.expected()

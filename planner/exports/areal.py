@@ -47,6 +47,9 @@ def _spec(role: Role, names: list[str]) -> list[dict[str, Any]]:
 
 
 def config(plan: Plan, cluster: Cluster, workload: Workload, names: list[str]) -> dict[str, Any]:
+    if workload.agentic is not None:
+        raise SpecError("workload: agentic episodes run in AReaL through a rollout workflow written in Python (its "
+                        "multi-turn workflow), not a GRPOConfig field: export --to verl, or set the workflow yourself")
     rollout, trainer = rollout_role(plan, cluster, "areal"), trainer_role(plan, cluster)
     if rollout.gpus_per_node != trainer.gpus_per_node:
         raise SpecError(f"plan: rollout nodes have {rollout.gpus_per_node} GPUs and trainer nodes "

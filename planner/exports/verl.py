@@ -76,13 +76,19 @@ def spec(plan: Plan, cluster: Cluster, workload: Workload, recipe: str | None = 
             f"data.train_batch_size={workload.prompts_per_step}",
             f"actor_rollout_ref.actor.ppo_mini_batch_size={minibatch}",
             f"data.max_prompt_length={workload.prompt_len.max}",
-            f"data.max_response_length={workload.response_len.max}"]
+            f"data.max_response_length={workload.max_seq_len - workload.prompt_len.max}"]
     if megatron:
         over += [f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={t.tp}",
                  f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={t.pp}"]
     if t.ep > 1:  # Megatron-Core expert parallelism over ep of the dp x tp ranks, experts whole
         over += [f"actor_rollout_ref.actor.megatron.expert_model_parallel_size={t.ep}",
                  "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1"]
+    a = workload.agentic
+    if a is not None:  # verl's tool agent loop: an episode's turns, tool results cut at their cap
+        prefix = "actor_rollout_ref.rollout.multi_turn"
+        over += [f"{prefix}.enable=True", f"{prefix}.max_assistant_turns={a.turns.max}",
+                 f"{prefix}.max_user_turns={a.max_tool_calls}",
+                 f"{prefix}.max_tool_response_length={a.tool_tokens.max}"]
     if recipe != "ppo":
         r_nodes, r_per_node = _rectangle(rollout)
         over += [SEARCH_PATH, f"rollout.nnodes={r_nodes}", f"rollout.n_gpus_per_node={r_per_node}"]

@@ -13,5 +13,6 @@ each path's delivery order, so there the two may train different ids (not their 
 from sim.reference.controller import Controller
 from sim.reference.engine import Engine
 from sim.reference.sample import Sample
+from sim.reference.tool_calls import ToolCalls
 
-__all__ = ["Controller", "Engine", "Sample"]
+__all__ = ["Controller", "Engine", "Sample", "ToolCalls"]

@@ -17,6 +17,7 @@ import simpy
 from sim.recorder import Recorder
 from sim.reference.controller import Controller
 from sim.reference.sample import Sample
+from sim.reference.tool_calls import ToolCalls
 from traces.capacity import admits, kv_room
 
 
@@ -37,7 +38,7 @@ class Engine:
         self, env: simpy.Environment, name: str, group: str, decode: DecodeCost, prefill: PrefillCost,
         max_batch: int, kv_tokens: float, controller: Controller, recorder: Recorder,
         finish: Callable[[list[Sample]], None],
-        *, mean_iteration_s: tuple[float, ...], interruptible: bool,
+        *, mean_iteration_s: tuple[float, ...], interruptible: bool, tools: ToolCalls | None = None,
     ) -> None:
         self.env, self.name, self.group = env, name, group
         self.decode, self.prefill = decode, prefill
@@ -45,6 +46,7 @@ class Engine:
         self.controller, self.rec, self.finish = controller, recorder, finish
         self.interruptible = interruptible
         self.mean_iteration_s = mean_iteration_s
+        self.tools = tools  # agentic episodes: turns that end in a tool call go there, not to the trainer
         self.version = 0
         self.progress = 0  # decode iterations run so far
         self.context = 0.0  # total tokens held in the KV cache by running samples
@@ -129,7 +131,7 @@ class Engine:
                       kv_room(self.kv_tokens))
 
     def _prefill(self, samples: list[Sample]) -> Generator[simpy.Event, Any, None]:
-        tokens = sum(s.prompt + s.generated for s in samples)
+        tokens = sum(s.prompt + s.generated - s.cached for s in samples)  # a cached prefix is not prefilled
         start = self.env.now
         yield self.env.timeout(self.prefill(tokens))
         self.rec.count()
@@ -159,7 +161,9 @@ class Engine:
             self.context -= s.prompt + s.generated
             done.append(s)
         if done:
-            self.finish(done)
+            ends = done if self.tools is None else self.tools.leave(self, done)
+            if ends:
+                self.finish(ends)
             self.controller.request_dispatch()
 
     def _current(self, finish: int, sid: int, s: Sample) -> bool:
@@ -198,6 +202,7 @@ class Engine:
             s = self.running.pop(sid)
             self._settle(s)
             self.context -= s.prompt + s.generated
+            s.cached = 0  # its KV is recomputed whole, as any preempted sample's
             self.waiting.appendleft(s)
 
     def _load_weights(self) -> Generator[simpy.Event, Any, None]:

@@ -13,6 +13,8 @@ class Sample:
     start_version: int
     generated: int = 0  # tokens generated before the current residence on an engine
     joined_at: int = 0  # engine iteration counter when it (re)joined the running batch
+    turn: int = 0  # agentic episodes: the turn it is on (prompt: the context so far, response: this answer)
+    cached: int = 0  # tokens of its context its engine's prefix cache holds (not prefilled again)
     # (policy version, tokens) for every token generated so far, in order
     versions: list[tuple[int, int]] = field(default_factory=list)
 

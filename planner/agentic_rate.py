@@ -1,0 +1,71 @@
+"""The analytic rate of one engine running agentic episodes (traces.agentic), for the MILP's curves.
+
+An episode holds a batch slot only while one of its turns decodes (the simulator releases it during
+each tool call: sim.tool_calls). At a decode batch of b busy slots an engine completes
+r(b) = 1 / (prefill seconds + E[T] E[o] it(b) / b) episodes/s, it(b) one iteration at the episodes'
+mean decode context (their contexts grow turn by turn). By Little's law on the slots the episodes
+it must hold in flight to keep b slots busy are L(b) = b + r(b) W, W the mean seconds an episode
+spends out on tool calls: the curve the MILP spreads in-flight samples over is (L(b), r(b)).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from traces import CostModel, GpuType, Workload
+from traces.agentic import Agentic
+
+
+def _agentic(workload: Workload) -> Agentic:
+    assert workload.agentic is not None, "agentic workloads only"
+    return workload.agentic
+
+
+def decode_context(workload: Workload) -> float:
+    """Mean context of a decoding turn (traces.agentic.Agentic.decode_context)."""
+    return _agentic(workload).decode_context(workload.prompt_len, workload.response_len)
+
+
+def full_batch(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, ep: int = 1) -> int:
+    """Turns an engine's KV cache runs at once at the mean decode context (capped by max_num_seqs)."""
+    return int(cm.max_batch(gpu, workload.model, tp, decode_context(workload), ep))
+
+
+def episode_rates(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, points: np.ndarray, ep: int = 1
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(episodes in flight L(b), episodes/s r(b)) at the decode batches b = `points`."""
+    a = _agentic(workload)
+    model, b = workload.model, np.maximum(points.astype(float), 1.0)
+    context = decode_context(workload)
+    it = np.asarray(cm.decode(gpu, model, tp, b, context, ep).seconds, float)
+    # the prompt priced per token at a chunk of prompts, as traces.costmodel's generation_rate does;
+    # each tool result comes back on its own (at its own time), so it is a prefill pass of its own
+    prompt = workload.prompt_len.expected()
+    per_chunk = max(1, int(cm.efficiency.prefill_chunk_tokens // max(prompt, 1)))
+    chunk = prompt * per_chunk
+    first = float(cm.prefill(gpu, model, tp, chunk, prompt, ep).seconds) / per_chunk
+    calls = a.expected_tool_calls()
+    per_call = (a.prefill_tokens(workload.prompt_len, workload.response_len) - prompt) / max(calls, 1e-9)
+    again = float(cm.prefill(gpu, model, tp, max(per_call, 1.0), max(per_call, 1.0), ep).seconds) if calls > 0 else 0.0
+    prefill_s = first + calls * again
+    decoded = a.turns.expected() * workload.response_len.expected()
+    rate = 1.0 / (prefill_s + decoded * it / b)
+    return b + rate * a.wait_seconds(), rate
+
+
+def longest_episode_seconds(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, ep: int = 1) -> float:
+    """An episode of the most turns, each a longest answer decoding alone at the mean decode
+    context, with mean tool calls between: the staleness rule's floor."""
+    a = _agentic(workload)
+    per_iter = float(cm.decode(gpu, workload.model, tp, 1, decode_context(workload), ep).seconds)
+    prefill = float(cm.prefill(gpu, workload.model, tp, workload.prompt_len.expected(), None, ep).seconds)
+    return prefill + a.turns.max * workload.response_len.max * per_iter + a.max_tool_calls * a.tool_latency.expected()
+
+
+def decoded_per_episode(workload: Workload, n: int, seed: int = 0) -> np.ndarray:
+    """Seeded draws of the tokens n episodes decode (every turn's answer), for the cohort tail."""
+    a = _agentic(workload)
+    rng = np.random.default_rng(seed)
+    turns = np.maximum(a.turns.sample(rng, n), 1)
+    answers = workload.response_len.sample(rng, int(turns.sum()))
+    return np.add.reduceat(answers, np.cumsum(turns) - turns)
