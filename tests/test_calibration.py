@@ -80,3 +80,4 @@ def test_k8_hopper_matmul_ceiling() -> None:
 
     gpu = get_gpu("H200")
     assert gpu.bf16_flops * gpu.matmul_ceiling == pytest.approx(790e12, rel=0.02)
+

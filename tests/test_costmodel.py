@@ -146,3 +146,20 @@ def test_roofline_p_blends_compute_and_memory_most_at_the_ridge() -> None:
                      / prefill_seconds(gpu, model, 1, tokens, tokens, eff)) - 1
 
     assert gain(8 * 2048) < 0.01 < 0.05 < gain(128)
+
+
+def test_link_bandwidth_is_halved_once_to_the_one_way_rate_collectives_use() -> None:
+    """Catalog links are both directions summed (H100 NVLink: 900 GB/s); GpuType.link_bytes_per_s is
+    one direction, and a ring all-reduce moves 2(n-1)/n of the message over it (nccl-tests' bus
+    bandwidth, doc/PERFORMANCE.md): 1 GB over 8 H100s takes 2 x 7/8 x 1 GB / 450 GB/s."""
+    from dataclasses import replace
+
+    from traces.costmodel import DEFAULT_EFFICIENCY
+    from traces.costmodel.roofline import allreduce_seconds
+    from traces.hardware import gpu_catalog
+
+    for gpu in gpu_catalog().values():
+        assert gpu.link_bytes_per_s == pytest.approx(gpu.link_gb_per_s * 1e9 / 2), gpu.name
+    h100 = get_gpu("H100")
+    no_latency = replace(DEFAULT_EFFICIENCY, collective_latency_s=0.0)
+    assert float(allreduce_seconds(1e9, 8, h100.link_bytes_per_s, no_latency)) == pytest.approx(2 * 7 / 8 / 450)

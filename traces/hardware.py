@@ -52,8 +52,8 @@ class GpuType(BaseModel):
                                  description="PCIe link to host memory, GB/s, one way")
     price_per_gpu_hour: float = Field(ge=0, le=1e4, strict=True)
     # Share of the datasheet peak that large GEMMs reach on this type. Hopper: 0.80, measured on
-    # an H200 (calibration row K8: 790 of 989 TFLOP/s). Others: 1.0 until measured. The fitted
-    # efficiencies (costmodel/efficiency.py) multiply this.
+    # an H200 (calibration row K8: 790 of 989 TFLOP/s). Others: 1.0 until measured (gpus.yaml says why
+    # A100's measurement is not applied). The fitted efficiencies (costmodel/efficiency.py) multiply this.
     matmul_ceiling: float = Field(default=1.0, gt=0, le=1, strict=True)
     source: str = ""
     price_source: str = ""
@@ -73,7 +73,8 @@ class GpuType(BaseModel):
 
     @property
     def link_bytes_per_s(self) -> float:
-        """One direction of the intra-node link (published figures count both)."""
+        """One direction of the intra-node link (published figures count both): the rate NCCL's bus
+        bandwidth is held against (nccl-tests doc/PERFORMANCE.md), and the only place it is halved."""
         return self.link_gb_per_s * 1e9 / 2
 
     @property

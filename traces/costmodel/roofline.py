@@ -59,7 +59,10 @@ def roof_seconds(compute: ArrayLike, memory: ArrayLike, eff: Efficiency) -> Arra
 
 
 def allreduce_seconds(nbytes: ArrayLike, ranks: ArrayLike, link_bytes_per_s: float, eff: Efficiency) -> Array:
-    """Ring all-reduce: each rank sends and receives 2(n-1)/n of the message, plus a latency."""
+    """Ring all-reduce: each rank sends and receives 2(n-1)/n of the message, plus a latency.
+
+    `link_bytes_per_s` is one direction (GpuType.link_bytes_per_s): sends and receives overlap, so
+    the time is the traffic over it, i.e. nccl-tests' busbw = algbw x 2(n-1)/n (doc/PERFORMANCE.md)."""
     n = _f(ranks)
     traffic = 2 * (n - 1) / np.maximum(n, 1) * _f(nbytes)
     return np.where(n > 1, traffic / link_bytes_per_s + eff.collective_latency_s, 0.0)
