@@ -18,15 +18,26 @@ from traces.calibration import load_calibration
 
 ROWS = {r.id: r for r in load_calibration()}
 CM = CostModel()
-# The measured misses (shipped cost model), and what may cause them (the run's settings are not published):
+# The measured misses (shipped cost model), and what the run's own facts rule out (its verl settings
+# are not published, and the issue thread is not in the stored corpus, so no cause is confirmed):
+# - peak: 165 TFLOP/s is right (Ada whitepaper appendix: RTX 4090 bf16 tensor with fp32 accumulate,
+#   dense, 165.2; 82.6 is TF32's and the fp32 cores' figure), so halving it has no source.
+# - link: PCIe 4.0 x16 and no P2P on the stock driver (tinygrad/open-gpu-kernel-modules README: the
+#   4090 lacks the MAILBOXP2P path), so GPU-to-GPU traffic is staged through host memory;
+#   the simulated ZeRO-3 traffic is 3 x 3/4 x 8 GB a step, < 1 s at 32 GB/s one way: even a 4x
+#   slower host-staged rate cannot reach the 378 s train miss.
+# - padding: the logged logprob pass ran 1.72 M tokens in 72 s, 52 TFLOP/s per GPU (32% of peak);
+#   padded to 1024 + 3072 tokens (verl without use_remove_padding) it would need 190 TFLOP/s per
+#   GPU, above the peak: the log excludes it.
 GEN = ("generation -70%; at rollout.gpu_memory_utilization 0.5 (verl's ppo_trainer.yaml default, which the "
        "issue does not show overridden; the cost model's engine_memory_fraction is 0.9) it is -40%: half the KV "
-       "cache runs fewer sequences at once; the rest is not explained")
-LOGPROB = ("logprob passes -57%; not modelled, a candidate: FSDP all-gathers the parameters for every "
-           "micro-batch, over PCIe here; the cost model prices one gather a pass")
-TRAIN = ("update_actor -80%; not modelled, candidates: FSDP re-gathers parameters and reduce-scatters "
-         "gradients every micro-batch (priced once a step), over PCIe 4.0 without NVLink; CPU offload, "
-         "which the issue does not show")
+       "cache runs fewer sequences at once; the rest is not explained (not the peak, not the link: see above)")
+LOGPROB = ("logprob passes -57% (52 TFLOP/s per GPU logged, 32% of peak; padding excluded, see above); not "
+           "modelled, a candidate: FSDP all-gathers the parameters for every micro-batch, host-staged over "
+           "PCIe here; the cost model prices one gather a pass")
+TRAIN = ("update_actor -80% (24 TFLOP/s per GPU logged, 15% MFU; 19% with full recompute); not modelled, "
+         "candidates: FSDP re-gathers parameters and reduce-scatters gradients every micro-batch (priced once a "
+         "step), host-staged over PCIe 4.0; gradient checkpointing and CPU offload, which the issue does not show")
 SYNC = ("update_weights -91%; not modelled: verl's FSDP -> vLLM resharding (full tensors gathered, loaded "
         "one by one) is priced as one broadcast")
 STEP = "step -72%: the sum of the misses above"
