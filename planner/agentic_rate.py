@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner import episode_drain
 from traces import CostModel, GpuType, Workload
 from traces.agentic import Agentic
+from traces.episodes import Episodes
 
 
 def _agentic(workload: Workload) -> Agentic:
@@ -48,11 +50,28 @@ def episode_rates(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, poin
     first = float(cm.prefill(gpu, model, tp, chunk, prompt, ep).seconds) / per_chunk
     calls = a.expected_tool_calls()
     per_call = (a.prefill_tokens(workload.prompt_len, workload.response_len) - prompt) / max(calls, 1e-9)
-    again = float(cm.prefill(gpu, model, tp, max(per_call, 1.0), max(per_call, 1.0), ep).seconds) if calls > 0 else 0.0
+    # a returning tool result attends to the episode's cached context too (prefix caching)
+    cached = a.return_prefix(workload.prompt_len, workload.response_len) if a.prefix_cache else 0.0
+    again = float(cm.prefill(gpu, model, tp, max(per_call, 1.0), max(per_call, 1.0), ep, cached).seconds
+                  ) if calls > 0 else 0.0
     prefill_s = first + calls * again
     decoded = a.turns.expected() * workload.response_len.expected()
     rate = 1.0 / (prefill_s + decoded * it / b)
     return b + rate * a.wait_seconds(), rate
+
+
+def on_policy_rates(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, points: np.ndarray, ep: int = 1
+                    ) -> np.ndarray:
+    """Episodes/s of one engine handed n (`points`) episodes at once (planner.episode_drain)."""
+    model, context = workload.model, decode_context(workload)
+
+    def iteration(busy: np.ndarray) -> np.ndarray:
+        return np.asarray(cm.decode(gpu, model, tp, busy, context, ep).seconds, float)
+
+    def prefill(tokens: np.ndarray, cached: np.ndarray) -> np.ndarray:
+        return np.asarray(cm.prefill(gpu, model, tp, tokens, tokens, ep, cached).seconds, float)
+
+    return episode_drain.drain_rates(workload, points, iteration, prefill)
 
 
 def longest_episode_seconds(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, ep: int = 1) -> float:
@@ -76,15 +95,10 @@ def decoded_per_episode(workload: Workload, n: int, seed: int = 0) -> np.ndarray
 
 
 def _episode_draws(workload: Workload, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens decoded, seconds out on tool calls) of n seeded episodes, from the same turn counts."""
-    a = _agentic(workload)
-    rng = np.random.default_rng(seed)
-    turns = np.maximum(a.turns.sample(rng, n), 1)
-    answers = workload.response_len.sample(rng, int(turns.sum()))
-    decoded = np.add.reduceat(answers, np.cumsum(turns) - turns)
-    waits = a.tool_latency.sample(rng, int((turns - 1).sum()))
-    tools = np.bincount(np.repeat(np.arange(n), turns - 1), weights=waits, minlength=n)
-    return decoded, tools
+    """(tokens decoded, seconds out on tool calls) of n seeded episodes (traces.episodes: the simulator's draws)."""
+    rng = np.random.default_rng([seed, 3])
+    ep = Episodes.draw(_agentic(workload), workload.response_len, workload.response_len.sample(rng, n), seed)
+    return np.add.reduceat(ep.answer, ep.first), np.add.reduceat(ep.tool_seconds, ep.first)
 
 
 def tail_seconds_per_token(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, full: int, ep: int = 1

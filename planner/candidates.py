@@ -209,8 +209,10 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
                     continue
                 points = np.unique(np.r_[2 ** np.arange(int(np.log2(full)) + 1), full])
                 held = points.astype(float)  # samples in flight at each point: the running ones, but for episodes
-                if episodes:  # the steady state in any mode (an on-policy drain of episodes is not modelled)
+                if episodes and workload.mode == "async":  # the steady state, tool waits by Little's law
                     held, rates = agentic_rate.episode_rates(cm, pool.gpu, workload, tp, points, ep)
+                elif episodes:  # on-policy: one batch of episodes at a time, drained (planner.episode_drain)
+                    rates = agentic_rate.on_policy_rates(cm, pool.gpu, workload, tp, points, ep)
                 elif workload.mode == "async":
                     rates = cm.generation_rate(pool.gpu, model, tp, prompt_mean=prompt, response_mean=response,
                                                response_sq_mean=square, max_num_seqs=points, ep=ep).samples_per_s
