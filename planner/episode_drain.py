@@ -21,7 +21,7 @@ from traces.episodes import Episodes
 from traces.workload import Workload
 
 STEPS = 256  # time steps over the longest drain: a turn's end is late by dt / 2 at most
-EPISODES = 4096  # seeded episodes per load point (at least 4 batches), for the expected last finish
+EPISODES = 2048  # seeded episodes per load point (at least 4 batches), for the expected last finish
 IterationSeconds = Callable[[np.ndarray], np.ndarray]  # decoding episodes -> one iteration's seconds
 PrefillSeconds = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (tokens, cached prefix) -> seconds
 
@@ -35,12 +35,12 @@ def drain_seconds(workload: Workload, points: np.ndarray, iteration: IterationSe
     batch = np.repeat(np.arange(len(sizes)), sizes)  # each episode's batch
     rng = np.random.default_rng([seed, 3])
     ep = Episodes.draw(workload.agentic, workload.response_len, workload.response_len.sample(rng, len(batch)), seed)
-    per_token_alone = float(iteration(np.ones(1))[0])
+    per_token = iteration(np.arange(1.0, points.max() + 1))  # [b - 1]: priced once, looked up per step
     decoded = np.add.reduceat(ep.answer, ep.first).astype(float)
     tools = np.add.reduceat(ep.tool_seconds, ep.first)
     returns = _return_seconds(workload, ep, prefill)
     # no batch can take longer than its episodes decoding at the slowest iteration one after another
-    slowest = float(iteration(np.array([float(points.max())]))[0])
+    slowest = float(per_token.max())
     dt = float((decoded * slowest + tools + np.add.reduceat(returns, ep.first)).max()) / STEPS
     turn = np.zeros(len(batch), np.int64)
     left = ep.answer[ep.first].astype(float)  # tokens of the current turn still to decode
@@ -51,9 +51,8 @@ def drain_seconds(workload: Workload, points: np.ndarray, iteration: IterationSe
     while not done.all():
         t += dt
         decoding = ~done & (away <= 0)
-        busy = np.bincount(batch[decoding], minlength=len(sizes)).astype(float)
-        per_token = np.where(busy > 0, iteration(np.maximum(busy, 1.0)), per_token_alone)
-        left[decoding] -= dt / per_token[batch[decoding]]
+        busy = np.bincount(batch[decoding], minlength=len(sizes))
+        left[decoding] -= dt / per_token[np.maximum(busy, 1) - 1][batch[decoding]]
         away[~done & ~decoding] -= dt
         ended = decoding & (left <= 0)
         last = ended & (turn >= ep.turns - 1)

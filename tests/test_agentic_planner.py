@@ -91,7 +91,7 @@ def test_an_episode_alone_drains_in_its_decode_plus_its_tool_wait() -> None:
     per_token, prefill = 0.004, 0.002
 
     def iteration(busy: np.ndarray) -> np.ndarray:
-        return np.full(len(busy), per_token)
+        return np.full(len(busy), per_token)  # flat: any batch
 
     def fill(tokens: np.ndarray, cached: np.ndarray) -> np.ndarray:
         return np.full(len(tokens), prefill)
