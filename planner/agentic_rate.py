@@ -89,11 +89,6 @@ def _expected_longest_latency(workload: Workload, cohort: int, seconds_per_token
     return float((decoded * seconds_per_token + tools).reshape(cohorts, cohort).max(axis=1).mean())
 
 
-def decoded_per_episode(workload: Workload, n: int, seed: int = 0) -> np.ndarray:
-    """Seeded draws of the tokens n episodes decode (every turn's answer), for the cohort tail."""
-    return _episode_draws(workload, n, seed)[0]
-
-
 def _episode_draws(workload: Workload, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(tokens decoded, seconds out on tool calls) of n seeded episodes (traces.episodes: the simulator's draws)."""
     rng = np.random.default_rng([seed, 3])
