@@ -6,14 +6,18 @@ r(b) = 1 / (prefill seconds + E[T] E[o] it(b) / b) episodes/s, it(b) one iterati
 mean decode context (their contexts grow turn by turn). By Little's law on the slots the episodes
 it must hold in flight to keep b slots busy are L(b) = b + r(b) W, W the mean seconds an episode
 spends out on tool calls: the curve the MILP spreads in-flight samples over is (L(b), r(b)).
+The staleness rule waits for a cohort's longest episode in wall time, decode plus tool waits: the
+expected max of n such sums comes from seeded draws of whole episodes (mean_over_max_latency).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from planner import episode_drain
 from traces import CostModel, GpuType, Workload
 from traces.agentic import Agentic
+from traces.episodes import Episodes
 
 
 def _agentic(workload: Workload) -> Agentic:
@@ -46,26 +50,69 @@ def episode_rates(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, poin
     first = float(cm.prefill(gpu, model, tp, chunk, prompt, ep).seconds) / per_chunk
     calls = a.expected_tool_calls()
     per_call = (a.prefill_tokens(workload.prompt_len, workload.response_len) - prompt) / max(calls, 1e-9)
-    again = float(cm.prefill(gpu, model, tp, max(per_call, 1.0), max(per_call, 1.0), ep).seconds) if calls > 0 else 0.0
+    # a returning tool result attends to the episode's cached context too (prefix caching)
+    cached = a.return_prefix(workload.prompt_len, workload.response_len) if a.prefix_cache else 0.0
+    again = float(cm.prefill(gpu, model, tp, max(per_call, 1.0), max(per_call, 1.0), ep, cached).seconds
+                  ) if calls > 0 else 0.0
     prefill_s = first + calls * again
     decoded = a.turns.expected() * workload.response_len.expected()
     rate = 1.0 / (prefill_s + decoded * it / b)
     return b + rate * a.wait_seconds(), rate
 
 
+def on_policy_rates(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, points: np.ndarray, ep: int = 1
+                    ) -> np.ndarray:
+    """Episodes/s of one engine handed n (`points`) episodes at once (planner.episode_drain)."""
+    model, context = workload.model, decode_context(workload)
+
+    def iteration(busy: np.ndarray) -> np.ndarray:
+        return np.asarray(cm.decode(gpu, model, tp, busy, context, ep).seconds, float)
+
+    def prefill(tokens: np.ndarray, cached: np.ndarray) -> np.ndarray:
+        return np.asarray(cm.prefill(gpu, model, tp, tokens, tokens, ep, cached).seconds, float)
+
+    return episode_drain.drain_rates(workload, points, iteration, prefill)
+
+
 def longest_episode_seconds(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, ep: int = 1) -> float:
-    """An episode of the most turns, each a longest answer decoding alone at the mean decode
-    context, with mean tool calls between: the staleness rule's floor."""
-    a = _agentic(workload)
+    """The expected longest episode of a step's batch in wall time, its decode priced alone at the
+    mean decode context: the staleness rule's floor. The max is over whole episodes (decode plus
+    tool waits drawn together, as mean_over_max_latency), not the sum of each part's max."""
     per_iter = float(cm.decode(gpu, workload.model, tp, 1, decode_context(workload), ep).seconds)
     prefill = float(cm.prefill(gpu, workload.model, tp, workload.prompt_len.expected(), None, ep).seconds)
-    return prefill + a.turns.max * workload.response_len.max * per_iter + a.max_tool_calls * a.tool_latency.expected()
+    return prefill + _expected_longest_latency(workload, workload.samples_per_step, per_iter)
 
 
-def decoded_per_episode(workload: Workload, n: int, seed: int = 0) -> np.ndarray:
-    """Seeded draws of the tokens n episodes decode (every turn's answer), for the cohort tail."""
-    a = _agentic(workload)
-    rng = np.random.default_rng(seed)
-    turns = np.maximum(a.turns.sample(rng, n), 1)
-    answers = workload.response_len.sample(rng, int(turns.sum()))
-    return np.add.reduceat(answers, np.cumsum(turns) - turns)
+def _expected_longest_latency(workload: Workload, cohort: int, seconds_per_token: float, cohorts: int = 16
+                              ) -> float:
+    decoded, tools = _episode_draws(workload, cohort * cohorts)
+    return float((decoded * seconds_per_token + tools).reshape(cohorts, cohort).max(axis=1).mean())
+
+
+def _episode_draws(workload: Workload, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens decoded, seconds out on tool calls) of n seeded episodes (traces.episodes: the simulator's draws)."""
+    rng = np.random.default_rng([seed, 3])
+    ep = Episodes.draw(_agentic(workload), workload.response_len, workload.response_len.sample(rng, n), seed)
+    return np.add.reduceat(ep.answer, ep.first), np.add.reduceat(ep.tool_seconds, ep.first)
+
+
+def tail_seconds_per_token(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, full: int, ep: int = 1
+                           ) -> float:
+    """Wall seconds per decoded token of an episode on an engine that the staleness cap holds below its
+    full batch (the only case where the cohort tail binds): one decode iteration at the batch b where
+    b / it(b) is half its full-batch value, the knee of the engine's throughput curve."""
+    context = decode_context(workload)
+    batches = np.arange(1, max(full, 1) + 1, dtype=float)
+    it = np.asarray(cm.decode(gpu, workload.model, tp, batches, context, ep).seconds, float)
+    per_s = batches / it
+    knee = int(np.searchsorted(per_s, per_s[-1] / 2))
+    return float(it[min(knee, len(it) - 1)])
+
+
+def mean_over_max_latency(workload: Workload, cohort: int, seconds_per_token: float, cohorts: int = 16) -> float:
+    """E[latency] / E[longest latency of a cohort] in wall time, an episode's latency being its decode
+    (tokens x `seconds_per_token`) plus its tool waits, the sum drawn per episode: the expected max of
+    n sums is taken from seeded draws of whole episodes, not from the per-part maxima."""
+    decoded, tools = _episode_draws(workload, cohort * cohorts)
+    mean = float((decoded * seconds_per_token + tools).mean())
+    return mean / _expected_longest_latency(workload, cohort, seconds_per_token, cohorts)

@@ -209,8 +209,10 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
                     continue
                 points = np.unique(np.r_[2 ** np.arange(int(np.log2(full)) + 1), full])
                 held = points.astype(float)  # samples in flight at each point: the running ones, but for episodes
-                if episodes:  # the steady state in any mode (an on-policy drain of episodes is not modelled)
+                if episodes and workload.mode == "async":  # the steady state, tool waits by Little's law
                     held, rates = agentic_rate.episode_rates(cm, pool.gpu, workload, tp, points, ep)
+                elif episodes:  # on-policy: one batch of episodes at a time, drained (planner.episode_drain)
+                    rates = agentic_rate.on_policy_rates(cm, pool.gpu, workload, tp, points, ep)
                 elif workload.mode == "async":
                     rates = cm.generation_rate(pool.gpu, model, tp, prompt_mean=prompt, response_mean=response,
                                                response_sq_mean=square, max_num_seqs=points, ep=ep).samples_per_s
@@ -352,13 +354,23 @@ def candidates(cm: CostModel, cluster: Cluster, workload: Workload, *, staleness
     cohort = admission_cap(eta, 0, workload.samples_per_step)
     if workload.agentic is None:
         ratio = workload.response_len.expected() / expected_longest(workload.response_len, cohort)
-    else:  # a cohort waits for its episode with the most to decode
-        draws = agentic_rate.decoded_per_episode(workload, cohort * 16).reshape(16, cohort)
-        ratio = float(draws.mean() / draws.max(axis=1).mean())
+    else:  # a cohort waits for its episode longest in wall time: decode plus tool waits
+        ratio = agentic_rate.mean_over_max_latency(workload, cohort, _tail_seconds_per_token(cm, pools, workload,
+                                                                                             engines))
     dapo = workload.dynamic_sampling
     return Candidates(pools, tuple(engines), tuple(trainers), workload.samples_per_step, eta, sync, ratio,
                       workload.interruptible and workload.mode == "async", workload.generated_per_trained,
                       1.0 if dapo is None else dapo.oversample)
+
+
+def _tail_seconds_per_token(cm: CostModel, pools: tuple[Pool, ...], workload: Workload,
+                            engines: list[EngineOption]) -> float:
+    """Wall seconds per decoded token below its knee (planner.agentic_rate) of the engine option with the
+    most samples/s per dollar: the one a plan fills first where the fleet allows."""
+    if not engines:
+        return 0.0
+    e = max(engines, key=lambda o: o.samples_per_s / o.price_per_hour)
+    return agentic_rate.tail_seconds_per_token(cm, pools[e.pool].gpu, workload, e.tp, e.batch, e.ep)
 
 
 def expected_longest(dist: LengthDist, n: int, cohorts: int = 16) -> float:

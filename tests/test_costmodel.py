@@ -163,3 +163,22 @@ def test_link_bandwidth_is_halved_once_to_the_one_way_rate_collectives_use() -> 
     h100 = get_gpu("H100")
     no_latency = replace(DEFAULT_EFFICIENCY, collective_latency_s=0.0)
     assert float(allreduce_seconds(1e9, 8, h100.link_bytes_per_s, no_latency)) == pytest.approx(2 * 7 / 8 / 450)
+
+
+def test_a_cached_prefix_adds_its_attention_to_a_prefill(cm: CostModel) -> None:
+    """A tool result prefilled after K cached tokens: every new token attends to them too, 4 layers T K
+    attn_dim more FLOPs (compute-bound here, max roofline: exactly that over the matmul rate)."""
+    import dataclasses
+
+    from traces.costmodel import roofline as rf
+
+    gpu, m = get_gpu("H800"), get_model("qwen2.5-1.5b")
+    eff = dataclasses.replace(cm.efficiency, roofline_p=0.0)
+    tokens, cached = 4096.0, 16384.0
+    bare = float(rf.prefill_seconds(gpu, m, 1, tokens, tokens, eff))
+    assert float(rf.prefill_seconds(gpu, m, 1, tokens, tokens, eff, 1, 0.0)) == bare
+    extra = 4 * m.layers * tokens * cached * m.attn_dim / (gpu.bf16_flops * gpu.matmul_ceiling * eff.matmul)
+    assert float(rf.prefill_seconds(gpu, m, 1, tokens, tokens, eff, 1, cached)) - bare == pytest.approx(extra)
+    # the cost model's prefill takes it too, and nothing changes without a prefix
+    assert float(cm.prefill(gpu, m, 1, 200, 200, 1, 8000).seconds) > float(cm.prefill(gpu, m, 1, 200, 200).seconds)
+    assert float(cm.prefill(gpu, m, 1, 200, 200, 1, 0).seconds) == float(cm.prefill(gpu, m, 1, 200, 200).seconds)

@@ -137,6 +137,15 @@ class Agentic(BaseModel):
         grown = self._turn_pairs() * (response.expected() + self.tool_tokens.expected())
         return prompt.expected() * (1 + calls) + grown
 
+    def return_prefix(self, prompt: LengthDist, response: LengthDist) -> float:
+        """Mean context cached when a tool result comes back (prefix caching): the prompt, the m turns'
+        answers and m - 1 tool results before it, m = E[T (T-1) / 2] / E[T - 1] turns on average."""
+        calls = self.expected_tool_calls()
+        if calls <= 0:
+            return 0.0
+        m = self._turn_pairs() / calls
+        return prompt.expected() + m * response.expected() + (m - 1) * self.tool_tokens.expected()
+
     def wait_seconds(self) -> float:
         """Mean seconds an episode spends out on tool calls (holding no slot)."""
         return self.expected_tool_calls() * self.tool_latency.expected()

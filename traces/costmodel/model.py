@@ -75,16 +75,23 @@ class CostModel:
 
     def prefill(
         self, gpu: GpuType, model: ModelSpec, tp: ArrayLike, tokens: ArrayLike, context: ArrayLike | None = None,
-        ep: ArrayLike = 1,
+        ep: ArrayLike = 1, prefix: ArrayLike = 0.0,
     ) -> Estimate:
-        """Seconds to prefill `tokens` tokens of sequences `context` long (default: one sequence)."""
+        """Seconds to prefill `tokens` tokens of sequences `context` long (default: one sequence), each
+        after `prefix` tokens whose KV is cached (a prefix-cache hit: roofline.prefill_seconds)."""
         eff = self.efficiency
         ctx = tokens if context is None else context
-        return self._blend(
+        est = self._blend(
             "prefill", gpu, model, {"tp": tp, "ep": ep}, {"tokens": tokens},
             lambda k, a: rf.prefill_seconds(gpu, model, k["tp"], a["tokens"], np.minimum(ctx, a["tokens"]), eff,
                                             k["ep"]),
         )
+        if not np.any(np.asarray(prefix, float) > 0):
+            return est
+        # measured prefill rows have no cached prefix: the roofline's extra for it goes on top
+        def roof(k: ArrayLike) -> np.ndarray:
+            return rf.prefill_seconds(gpu, model, tp, tokens, np.minimum(ctx, tokens), eff, ep, k)
+        return Estimate(est.seconds + roof(prefix) - roof(0.0), est.source)
 
     def train(
         self, gpu: GpuType, model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, tokens: ArrayLike,

@@ -118,16 +118,21 @@ def decode_seconds(
 
 def prefill_seconds(
     gpu: GpuType, model: ModelSpec, tp: ArrayLike, tokens: ArrayLike, context: ArrayLike, eff: Efficiency,
-    ep: ArrayLike = 1,
+    ep: ArrayLike = 1, prefix: ArrayLike = 0.0,
 ) -> Array:
     """Prefill T tokens of sequences about L long: 2 P T + causal attention 2 layers T L attn_dim FLOPs.
 
     The weights the tokens touch are read once per pass (memory floor); TP adds 2 all-reduces per
-    layer of T x hidden (EP: all-to-alls, as decode_seconds).
+    layer of T x hidden (EP: all-to-alls, as decode_seconds). A `prefix` of K tokens already cached per
+    sequence (vLLM's automatic prefix caching: the new tokens attend to the cached KV blocks too) adds
+    4 layers T K attn_dim FLOPs (every new token over every cached key, as a decode query) and reads
+    the T / L sequences' K cached tokens of KV once.
     """
-    t, n, ctx, e = _f(tp), _f(tokens), _f(context), _f(ep)
+    t, n, ctx, e, k = _f(tp), _f(tokens), _f(context), _f(ep), _f(prefix)
     flops = 2 * model.compute_params * n + 2 * model.layers * n * ctx * model.attn_dim
-    roof, comm = _engine_pass_seconds(gpu, model, t, e, n, flops, np.zeros_like(n), eff)
+    flops = flops + 4 * model.layers * n * k * model.attn_dim
+    cached = n / np.maximum(ctx, 1.0) * k * model.kv_bytes_per_token
+    roof, comm = _engine_pass_seconds(gpu, model, t, e, n, flops, cached, eff)
     return roof + comm + eff.prefill_overhead_s
 
 
