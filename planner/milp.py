@@ -242,6 +242,7 @@ def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget
     if not any(o.update_seconds for o in cand.engines):
         return solve_async_fixed(cand, objective, top_k=top_k, **kw)  # type: ignore[arg-type]
     period, last = math.inf, 0.0
+    settled: list[Solution] = []  # the last round's answer when the rate settled at `period`
     for _ in range(FIXED_POINT_ROUNDS):
         if deadline is not None and deadline.expired("the interruptible fixed point"):
             break
@@ -251,10 +252,26 @@ def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget
             break
         rate = top[0].samples_per_s
         if abs(rate - last) <= 0.01 * rate:
+            settled = top
             break
         period, last = cand.samples_per_step / rate, rate
     derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
+    if settled and top_k == 1:  # the same MILP as the last round (a seeded, deterministic solve): only its bound
+        return [dataclasses.replace(settled[0], lp_bound=lp_bound(derated, objective, budget, target, solver_name,
+                                                                   deadline))]
     return solve_async_fixed(derated, objective, top_k=top_k, **kw)  # type: ignore[arg-type]
+
+
+def lp_bound(cand: Candidates, objective: Objective, budget: float | None, target: float | None,
+             solver_name: str = "auto", deadline: Deadline | None = None) -> float:
+    """The LP relaxation's objective (nan if it does not solve): no integer plan does better."""
+    trainers, engines = list(range(len(cand.trainers))), list(range(len(cand.engines)))
+    relaxed = _build(cand, objective, budget, target, trainers, engines, relax=True,
+                     in_flight=cand.in_flight_cap(0.0, 0.0), tail=cand.interruptible)
+    relaxed.deadline = deadline
+    if not _solve(relaxed, solver_name, relax=True):
+        return math.nan
+    return float(relaxed.z.varValue if objective == "throughput" else pulp.value(relaxed.prob.objective))
 
 
 def solve_async_fixed(cand: Candidates, objective: Objective = "throughput", *, budget: float | None = None,
@@ -267,12 +284,7 @@ def solve_async_fixed(cand: Candidates, objective: Objective = "throughput", *, 
     if not trainers or not engines:
         return []
     args = (cand, objective, budget, target, trainers, engines)
-    lp_bound = math.nan
-    if bound:
-        relaxed = _build(*args, relax=True, in_flight=cand.in_flight_cap(0.0, 0.0), tail=cand.interruptible)
-        relaxed.deadline = deadline
-        if _solve(relaxed, solver_name, relax=True):
-            lp_bound = float(relaxed.z.varValue if objective == "throughput" else pulp.value(relaxed.prob.objective))
+    bound_value = lp_bound(cand, objective, budget, target, solver_name, deadline) if bound else math.nan
     model = _build(*args, relax=False, in_flight=cand.in_flight_cap(0.0, 0.0), tail=cand.interruptible)
     model.deadline = deadline
     out: list[Solution] = []
@@ -284,7 +296,7 @@ def solve_async_fixed(cand: Candidates, objective: Objective = "throughput", *, 
         k, chosen = _chosen(cand, model)
         if not chosen:  # z = 0 is always feasible: no engine fits beside any trainer
             break
-        out.append(_make(cand, cand.trainers[k], chosen, "async", lp_bound, _proven_gap(model)))
+        out.append(_make(cand, cand.trainers[k], chosen, "async", bound_value, _proven_gap(model)))
         model.prob += model.y[k] <= 0, f"nogood{i}"
     return out
 
