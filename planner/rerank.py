@@ -19,9 +19,9 @@ import dataclasses
 import itertools
 import math
 
-from planner.candidates import Candidates, EngineOption, candidates
+from planner.candidates import Candidates, EngineOption
 from planner.milp import Solution, evaluate
-from planner.scoring import Scored, Search
+from planner.scoring import Scored, Search, Trial
 from traces import SpecError
 
 ANY = -1  # a pool's engines may be of any TP
@@ -58,7 +58,7 @@ def without_slow_links(search: Search, top_k: int) -> list[tuple[Candidates, Sol
     for floor in speeds[:-1]:
         if search.deadline.expired("the network-speed tiers"):
             break
-        cand = candidates(search.cm, search.cluster, search.workload, min_link_bytes_per_s=floor)
+        cand = search.candidates(min_link_bytes_per_s=floor)
         found = search.solve(cand, search.workload.mode, top_k) if cand.trainers else []
         out += [(cand, s) for s in found]
     return out
@@ -169,10 +169,11 @@ def explore_engines(search: Search, ranked: tuple[Scored, ...], rounds: int) -> 
             found = search.solve(dataclasses.replace(cand, engines=engines, trainers=(trainer,)), mode)
             trials.append((trial, found[0] if found else None))
         trials += [(state, s) for s in _count_moves(cand, start.solution)]
-        for trial, sol in trials:
-            if sol is None:
-                continue
-            scored = search.score(f"mix-{len(out) - len(ranked) + 1}", cand, sol, where="the engine-mix search")
+        live = [(trial, sol) for trial, sol in trials if sol is not None]
+        first = len(out) - len(ranked) + 1
+        every = search.score_many([Trial(f"mix-{first + j}", cand, sol) for j, (_, sol) in enumerate(live)],
+                                  where="the engine-mix search")  # one round's trials side by side
+        for (trial, _), scored in zip(live, every, strict=True):
             if scored is None:
                 return tuple(out)
             out.append(scored)

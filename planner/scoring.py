@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.bounds import Deadline
-from planner.candidates import Candidates
+from planner.candidates import Candidates, candidates
 from planner.milp import Mode, Objective, Solution, solve
+from planner.parallel import SimJob, Simulations
 from planner.placement import reprice_sync, to_plan
-from sim import SimResult, simulate
+from sim import SimResult
 from traces import Cluster, CostModel, Plan, SpecError, Workload
 
 SolveFn = Callable[..., list[Solution]]  # planner.milp.solve's signature (or a framework's restriction of it)
@@ -42,6 +43,17 @@ class Scored:
                 "gpus": self.plan.gpus_by_type, "mode": self.plan.mode}
 
 
+@dataclass(frozen=True)
+class Trial:
+    """One solution to place and simulate (`cluster`, `workload`: None for the request's)."""
+
+    name: str
+    cand: Candidates
+    sol: Solution
+    cluster: Cluster | None = None
+    workload: Workload | None = None
+
+
 def for_mode(workload: Workload, mode: Mode) -> Workload:
     """The workload run in `mode` (the colocated baseline runs an async job on-policy)."""
     if workload.mode == mode:
@@ -64,7 +76,10 @@ class Search:
     seed: int
     solve_fn: SolveFn = solve
     deadline: Deadline = field(default_factory=Deadline)
+    sims: Simulations = field(default_factory=lambda: Simulations(1), repr=False)
     _seen: dict[str, Scored] = field(default_factory=dict, repr=False)
+    _options: dict[str, Candidates] = field(default_factory=dict, repr=False)
+    _solved: dict[tuple[object, ...], list[Solution]] = field(default_factory=dict, repr=False)
 
     def solve(self, cand: Candidates, mode: Mode, top_k: int = 1, *, objective: Objective | None = None,
               restricted: bool = True, **override: float | None) -> list[Solution]:
@@ -74,34 +89,66 @@ class Search:
         budget = override.get("budget", self.budget)
         target = override.get("target", self.target)
         fn = self.solve_fn if restricted else solve
-        return fn(cand, mode, objective or self.objective, budget, target, top_k, self.solver, deadline=self.deadline)
+        key = (cand, mode, objective or self.objective, budget, target, top_k, fn)
+        if key in self._solved:  # the same MILP again (a search's neighbour, a baseline): one answer
+            return list(self._solved[key])
+        found = fn(cand, mode, objective or self.objective, budget, target, top_k, self.solver, deadline=self.deadline)
+        if self.deadline.hit is None:  # an answer cut short by the bounds is not the MILP's answer
+            self._solved[key] = list(found)
+        return found
+
+    def candidates(self, cluster: Cluster | None = None, workload: Workload | None = None,
+                   **kw: float | None) -> Candidates:
+        """planner.candidates.candidates for this request's cost model, computed once per (fleet, job,
+        options): the plan, its network tiers, its baselines and its marginal values share them."""
+        cluster, workload = cluster or self.cluster, workload or self.workload
+        key = f"{cluster.model_dump_json()}|{workload.model_dump_json()}|{sorted(kw.items())}"
+        if key not in self._options:
+            self._options[key] = candidates(self.cm, cluster, workload, **kw)  # type: ignore[arg-type]
+        return self._options[key]
 
     def score(self, name: str, cand: Candidates, sol: Solution, *, cluster: Cluster | None = None,
               workload: Workload | None = None, where: str = "re-ranking", counted: bool = True) -> Scored | None:
         """Place, reprice and simulate one solution; None once the request's bounds stop simulating
         (`counted=False`: the clock only, for the few baselines every report carries)."""
-        cluster, workload = cluster or self.cluster, workload or self.workload
-        plan = to_plan(cluster, workload, cand, sol)  # nodes only: repricing the sync does not move them
-        sol = reprice_sync(self.cm, cluster, workload, cand, sol, plan)
-        if self.sim_steps <= 0:
-            return Scored(name, plan, sol, None, cand)
-        key = f"{cluster.model_dump_json()}|{for_mode(workload, sol.mode).model_dump_json()}|{plan.model_dump_json()}"
-        if key in self._seen:
-            old = self._seen[key]
-            return Scored(name, plan, sol, old.simulated, cand)
-        if not (self.deadline.may_simulate(where) if counted else not self.deadline.expired(where)):
-            return None
-        self.deadline.simulated += counted
-        try:
-            result = simulate(cluster, for_mode(workload, sol.mode), plan, self.cm, steps=self.sim_steps,
-                              seed=self.seed, record_queue=False, wall_seconds=max(self.deadline.left(), 1.0))
-        except SpecError:
-            if self.deadline.expired(where):  # cut short by the request's clock, not by the plan
-                return None
-            raise
-        scored = Scored(name, plan, sol, result, cand)
-        self._seen[key] = scored
-        return scored
+        return self.score_many([Trial(name, cand, sol, cluster, workload)], where=where, counted=counted)[0]
+
+    def score_many(self, trials: list[Trial], *, where: str = "re-ranking", counted: bool = True
+                   ) -> list[Scored | None]:
+        """`score` for independent trials, their simulations side by side (planner.parallel), each
+        answer what `score` one at a time gives: the bounds are checked in order before any runs."""
+        out: list[Scored | None] = [None] * len(trials)
+        todo: dict[str, tuple[SimJob, list[tuple[int, Trial, Plan, Solution]]]] = {}
+        for i, t in enumerate(trials):
+            cluster, workload = t.cluster or self.cluster, t.workload or self.workload
+            plan = to_plan(cluster, workload, t.cand, t.sol)  # nodes only: repricing the sync does not move them
+            sol = reprice_sync(self.cm, cluster, workload, t.cand, t.sol, plan)
+            if self.sim_steps <= 0:
+                out[i] = Scored(t.name, plan, sol, None, t.cand)
+                continue
+            run = for_mode(workload, sol.mode)
+            key = f"{cluster.model_dump_json()}|{run.model_dump_json()}|{plan.model_dump_json()}"
+            if key in self._seen:
+                out[i] = Scored(t.name, plan, sol, self._seen[key].simulated, t.cand)
+                continue
+            if key in todo:  # the same placement twice in one batch: simulated once
+                todo[key][1].append((i, t, plan, sol))
+                continue
+            if not (self.deadline.may_simulate(where) if counted else not self.deadline.expired(where)):
+                break  # as one at a time: nothing after the first refusal is simulated
+            self.deadline.simulated += counted
+            job = SimJob(cluster, run, plan, self.cm, self.sim_steps, self.seed, max(self.deadline.left(), 1.0))
+            todo[key] = (job, [(i, t, plan, sol)])
+        results = self.sims.run([job for job, _ in todo.values()])
+        for (key, (_, uses)), result in zip(todo.items(), results, strict=True):
+            if isinstance(result, SpecError):
+                if self.deadline.expired(where):  # cut short by the request's clock, not by the plan
+                    continue
+                raise result
+            for i, t, plan, sol in uses:
+                out[i] = Scored(t.name, plan, sol, result, t.cand)
+            self._seen[key] = out[uses[0][0]]  # type: ignore[assignment]
+        return out
 
     def pick(self, ranked: tuple[Scored, ...] | list[Scored]) -> Scored:
         """The request's best: most samples/s, or the cheapest meeting the target (else the fastest)."""

@@ -1,0 +1,84 @@
+"""A request prices once and simulates side by side, with the answers of the one-at-a-time planner (issue 19).
+
+Timings are bench/plan_speed.py's; these tests check that the shortcuts change no answer: a
+parallel request equals a serial one bit for bit, a fixed point that settled is not solved twice
+with a different answer, and a plan reached twice is simulated once.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.api import plan_report
+from planner.milp import solve_async
+from planner.scoring import Search, Trial
+from traces import Cluster, CostModel, Workload, get_model
+from traces.lengths import LengthDist
+
+CM = CostModel.roofline_only()
+
+
+def _fleet() -> Cluster:
+    return Cluster(name="speed-small", node_groups=({"gpu_type": "H800", "nodes": 2}, {"gpu_type": "H20", "nodes": 1}))
+
+
+def _workload(interruptible: bool = True) -> Workload:
+    return Workload(name="speed-small", model=get_model("qwen2.5-1.5b"), prompts_per_step=16, group_size=8,
+                    prompt_len=LengthDist(kind="uniform", low=64, high=256),
+                    response_len=LengthDist(kind="lognormal", mean=600, sigma=0.8, cap=2048),
+                    staleness=2, interruptible=interruptible)
+
+
+def _answer(workers: int) -> tuple[object, ...]:
+    r = plan_report(_fleet(), _workload(), cost_model=CM, sim_steps=4, workers=workers)
+    summary = r.summary()
+    summary.pop("seconds")
+    sims = [(s.name, s.simulated.step_times, s.simulated.trained_ids.tobytes()) for s in r.ranked
+            if s.simulated is not None]
+    return summary, sims, r.plan.model_dump_json()
+
+
+def test_parallel_simulations_give_the_serial_report_bit_for_bit() -> None:
+    serial, parallel = _answer(workers=1), _answer(workers=2)
+    assert serial == parallel
+    assert len(serial[1]) >= 3  # the top plans and the climbs were simulated, not skipped
+
+
+def test_a_settled_fixed_point_returns_what_solving_it_again_gives() -> None:
+    search = Search(CM, _fleet(), _workload(), "throughput", None, None, "auto", 0, 0)
+    cand = search.candidates()
+    assert any(o.update_seconds for o in cand.engines)  # interruptible: the fixed point runs
+    one = solve_async(cand, top_k=1)
+    two = solve_async(cand, top_k=2)  # solves the settled MILP again, with its LP bound first
+    assert one[0] == two[0]
+    assert one[0].lp_bound >= one[0].samples_per_s * (1 - 1e-6)
+
+
+def test_a_placement_reached_twice_is_simulated_once() -> None:
+    search = Search(CM, _fleet(), _workload(), "throughput", None, None, "auto", 3, 0)
+    cand = search.candidates()
+    assert search.candidates() is cand  # candidates once per request
+    sol = search.solve(cand, "async")[0]
+    assert search.solve(cand, "async")[0] is sol  # the same MILP: one answer
+    a, b = search.score_many([Trial("a", cand, sol), Trial("b", cand, sol)])
+    assert a is not None and b is not None and a.simulated is b.simulated
+    assert search.deadline.simulated == 1
+    again = search.score("baseline", cand, sol, where="the baselines", counted=False)
+    assert again is not None and again.simulated is a.simulated
+    assert search.deadline.simulated == 1
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_simulation_bound_stops_a_batch_where_one_at_a_time_would(workers: int) -> None:
+    from planner.bounds import Deadline
+    from planner.parallel import Simulations
+
+    search = Search(CM, _fleet(), _workload(), "throughput", None, None, "auto", 3, 0,
+                    deadline=Deadline(simulations=1), sims=Simulations(workers))
+    cand = search.candidates()
+    sols = search.solve(cand, "async", 2)
+    assert len(sols) == 2
+    first, second = search.score_many([Trial("a", cand, sols[0]), Trial("b", cand, sols[1])])
+    search.sims.close()
+    assert first is not None and second is None
+    assert search.deadline.hit is not None and "1 simulated plans" in search.deadline.hit
