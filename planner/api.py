@@ -17,8 +17,9 @@ from typing import Any
 
 from planner.baselines import baselines as plan_baselines
 from planner.bounds import MAX_SIMULATIONS, PLAN_SECONDS, Deadline
-from planner.explain import check_request, explain_empty, marginal_values
+from planner.explain import check_request, explain_empty
 from planner.frameworks import RULES, solver_for
+from planner.marginal import marginal_values
 from planner.milp import Mode, Objective, solve
 from planner.parallel import Simulations
 from planner.rerank import climb, meet_target, without_slow_links
@@ -131,7 +132,9 @@ def plan_report(
                   and not framework]
         chosen = search.pick((chosen, *rivals)) if sim_steps > 0 else chosen
         t3 = time.perf_counter()
-        values = marginal_values(cm, cluster, workload, mode, budget, solver) if marginal else {}
+        # the request's own MILP answered the marginal values' base question unless it asked another
+        same = objective == "throughput" and target is None and not framework
+        values = marginal_values(search, mode, budget, found[0][1].samples_per_s if same else None) if marginal else {}
         t4 = time.perf_counter()
         seconds = {"solve": t1 - t0, "simulate": t2 - t1, "baselines": t3 - t2, "marginal": t4 - t3}
         predicted = {"samples_per_s": chosen.samples_per_s, "analytic_samples_per_s": chosen.solution.samples_per_s,
