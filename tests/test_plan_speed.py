@@ -82,3 +82,54 @@ def test_the_simulation_bound_stops_a_batch_where_one_at_a_time_would(workers: i
     search.sims.close()
     assert first is not None and second is None
     assert search.deadline.hit is not None and "1 simulated plans" in search.deadline.hit
+
+
+def _replanned(cluster: Cluster, workload: Workload, budget: float | None) -> dict[str, float]:
+    """Marginal values the long way: candidates and the MILP from scratch for each fleet with one more node."""
+    from planner.candidates import candidates
+    from planner.milp import solve
+
+    def best(c: Cluster) -> float:
+        found = solve(candidates(CM, c, workload), workload.mode, "throughput", budget, None, 1)
+        return found[0].samples_per_s if found else 0.0
+
+    out = {}
+    for i, g in enumerate(cluster.node_groups):
+        groups = list(cluster.node_groups)
+        groups[i] = g.model_copy(update={"nodes": g.nodes + 1})
+        out[g.gpu_type] = max(best(cluster.model_copy(update={"node_groups": tuple(groups)})) - best(cluster), 0.0) \
+            / g.gpus_per_node
+    return out
+
+
+@pytest.mark.parametrize(("groups", "budget", "mode"), [
+    (({"gpu_type": "H800", "nodes": 2}, {"gpu_type": "H20", "nodes": 1}), None, "async"),
+    (({"gpu_type": "A100-80G", "nodes": 1}, {"gpu_type": "L40S", "nodes": 3}), 60.0, "async"),
+    (({"gpu_type": "H100", "nodes": 2}, {"gpu_type": "L40S", "nodes": 1}), None, "sync"),
+])
+def test_marginal_values_agree_with_replanning_each_fleet(groups: tuple[dict[str, object], ...], budget: float | None,
+                                                          mode: str) -> None:
+    cluster = Cluster(name="speed-marginal", node_groups=groups)
+    workload = _workload().model_copy(update={"mode": mode, "staleness": 2 if mode == "async" else 0})
+    report = plan_report(cluster, workload, cost_model=CM, sim_steps=0, baselines=False, budget=budget)
+    want = _replanned(cluster, workload, budget)
+    assert report.marginal.keys() == want.keys()
+    assert any(v > 0 for v in want.values())  # a case where one more node buys something
+    for name, value in want.items():
+        assert report.marginal[name] == pytest.approx(value, rel=0.02, abs=1e-6)
+
+
+def test_milp_only_answers_the_milp_alone(cli) -> None:  # type: ignore[no-untyped-def]
+    args = ("plan", "--cluster", "traces/data/clusters/h800-h20-l40s-4node.yaml",
+            "--workload", "traces/data/workloads/qwen2.5-1.5b-math-short.yaml")
+    out = cli(*args, "--milp-only", "--json")
+    assert out.code == 0, out.err
+    got = out.json()
+    assert got["samples_per_s"] == got["analytic_samples_per_s"]  # nothing simulated
+    assert got["baselines"] == {} and got["marginal_samples_per_s_per_gpu"] == {}
+    assert all(r["name"].startswith("top-") for r in got["ranked"])  # no refinement, no engine-mix moves
+    assert 0 <= got["gap"] <= 1e-4  # the proven gap is still reported
+    text = cli(*args, "--milp-only")
+    assert "analytic, not simulated" in text.out
+    bad = cli(*args, "--milp-only", "--objective", "pareto")
+    assert bad.code == 2 and len(bad.err.strip().splitlines()) == 1 and "--milp-only" in bad.err
