@@ -46,7 +46,7 @@ def baselines(search: Search, chosen: Scored, budget: float) -> dict[str, Scored
 def _homogeneous_trials(search: Search, budget: float) -> list[Trial]:
     """For each GPU type of the cluster: as many of its nodes as the budget buys (availability aside)."""
     cluster = search.cluster
-    out = []
+    asked = []
     kinds = {(cluster.group_gpu(g), g.gpus_per_node, g.inter_node_gb_per_s): g for g in reversed(cluster.node_groups)}
     for group in reversed(kinds.values()):  # one baseline per kind of node, first group of each kind
         node_price = group.gpus_per_node * cluster.group_gpu(group).price_per_gpu_hour
@@ -55,12 +55,11 @@ def _homogeneous_trials(search: Search, budget: float) -> list[Trial]:
             continue
         only = Cluster(name=f"{group.gpu_type} x{nodes * group.gpus_per_node}", gpus=cluster.gpus,
                        node_groups=(group.model_copy(update={"nodes": nodes, "label": None}),))
-        cand = search.candidates(cluster=only)
-        found = search.solve(cand, search.workload.mode, objective="throughput", restricted=False, budget=budget,
-                             target=None)
-        if found:
-            out.append(Trial(f"homogeneous {group.gpu_type}", cand, found[0], cluster=only))
-    return out
+        asked.append((f"homogeneous {group.gpu_type}", only, search.candidates(cluster=only)))
+    kw = {"objective": "throughput", "restricted": False, "budget": budget, "target": None}
+    answers = search.solve_many([(cand, search.workload.mode, 1, kw) for _, _, cand in asked])
+    return [Trial(name, cand, found[0], cluster=only) for (name, only, cand), found in zip(asked, answers, strict=True)
+            if found]
 
 
 def _fixed_split(search: Search, cand: Candidates, sol: Solution, rollout_share: float) -> Trial | None:

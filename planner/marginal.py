@@ -11,6 +11,8 @@ the relaxation does not see (issue 19: duals of 0.0004 against re-solved gains o
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from planner.milp import Mode
@@ -20,9 +22,13 @@ from traces import Cluster
 
 def fleet_best(search: Search, cluster: Cluster, mode: Mode, budget: float | None) -> float:
     """The most analytic samples/s a plan of `cluster` reaches within `budget` (0 if none)."""
-    found = search.solve(search.candidates(cluster=cluster), mode, 1, objective="throughput", restricted=False,
-                         budget=budget, target=None)
+    found = search.solve(search.candidates(cluster=cluster), mode, 1, **_question(budget))
     return found[0].samples_per_s if found else 0.0
+
+
+def _question(budget: float | None) -> dict[str, Any]:
+    """What each fleet is asked: the most samples/s within the request's budget, no target, any plan."""
+    return {"objective": "throughput", "restricted": False, "budget": budget, "target": None}
 
 
 def marginal_values(search: Search, mode: Mode, budget: float | None, base: float | None = None) -> dict[str, float]:
@@ -31,13 +37,17 @@ def marginal_values(search: Search, mode: Mode, budget: float | None, base: floa
     cluster = search.cluster
     if base is None:
         base = fleet_best(search, cluster, mode, budget)
-    out: dict[str, float] = {}
+    more: dict[str, tuple[Cluster, int]] = {}
     for i, group in enumerate(cluster.node_groups):
         name = group.gpu_type if group.label is None else f"{group.gpu_type}@{group.label}"
-        if name in out:  # one more node of a kind already asked (identical groups plan as one pool)
+        if name in more:  # one more node of a kind already asked (identical groups plan as one pool)
             continue
         groups = list(cluster.node_groups)
         groups[i] = group.model_copy(update={"nodes": group.nodes + 1})
-        gain = fleet_best(search, cluster.model_copy(update={"node_groups": tuple(groups)}), mode, budget) - base
-        out[name] = float(np.round(max(gain, 0.0) / group.gpus_per_node, 6))
+        more[name] = (cluster.model_copy(update={"node_groups": tuple(groups)}), group.gpus_per_node)
+    answers = search.solve_many([(search.candidates(cluster=c), mode, 1, _question(budget)) for c, _ in more.values()])
+    out: dict[str, float] = {}
+    for (name, (_, per_node)), found in zip(more.items(), answers, strict=True):
+        gain = (found[0].samples_per_s if found else 0.0) - base
+        out[name] = float(np.round(max(gain, 0.0) / per_node, 6))
     return out

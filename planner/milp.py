@@ -33,6 +33,7 @@ import dataclasses
 import math
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -209,17 +210,30 @@ def _proven_gap(model: _Model) -> float:
     return gap if math.isfinite(gap) and gap >= 0 else 0.0
 
 
+_QUIET = threading.Lock()
+_quiet_state: list[int] = [0, -1]  # solves now silenced, and the real stdout's saved descriptor
+
+
 @contextlib.contextmanager
 def _quiet_stdout() -> Iterator[None]:
-    sys.stdout.flush()
-    saved = os.dup(1)
+    """stdout to /dev/null while solves run; solves in threads (Search.solve_many) share one
+    redirection, restored when the last ends (each restoring its own would leave /dev/null)."""
+    with _QUIET:
+        if _quiet_state[0] == 0:
+            sys.stdout.flush()
+            _quiet_state[1] = os.dup(1)
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.close(null)
+        _quiet_state[0] += 1
     try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            yield
+        yield
     finally:
-        os.dup2(saved, 1)
-        os.close(saved)
+        with _QUIET:
+            _quiet_state[0] -= 1
+            if _quiet_state[0] == 0:
+                os.dup2(_quiet_state[1], 1)
+                os.close(_quiet_state[1])
 
 
 def _make(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...], mode: Mode,

@@ -160,14 +160,16 @@ def explore_engines(search: Search, ranked: tuple[Scored, ...], rounds: int) -> 
         cand, trainer, mode = best.cand, best.solution.trainer, best.solution.mode
         used = {o.pool for o, _ in best.solution.engines}
         start, chosen = best, state
-        trials: list[tuple[dict[int, int], Solution | None]] = []
+        moves = []
         for pool, rule in _rule_moves(cand, used, state):
             trial = {**state, pool: rule}
             engines = tuple(o for o in cand.engines if _allowed(o, trial))
             if not engines or search.deadline.expired("the engine-mix search"):
                 continue
-            found = search.solve(dataclasses.replace(cand, engines=engines, trainers=(trainer,)), mode)
-            trials.append((trial, found[0] if found else None))
+            moves.append((trial, dataclasses.replace(cand, engines=engines, trainers=(trainer,))))
+        answers = search.solve_many([(c, mode, 1, {}) for _, c in moves])  # independent MILPs side by side
+        trials: list[tuple[dict[int, int], Solution | None]] = [
+            (trial, found[0] if found else None) for (trial, _), found in zip(moves, answers, strict=True)]
         trials += [(state, s) for s in _count_moves(cand, start.solution)]
         live = [(trial, sol) for trial, sol in trials if sol is not None]
         first = len(out) - len(ranked) + 1

@@ -9,6 +9,7 @@ seeded simulation of the same plan is the same result, so each placement is simu
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +97,15 @@ class Search:
         if self.deadline.hit is None:  # an answer cut short by the bounds is not the MILP's answer
             self._solved[key] = list(found)
         return found
+
+    def solve_many(self, jobs: list[tuple[Candidates, Mode, int, dict[str, Any]]]) -> list[list[Solution]]:
+        """`solve(cand, mode, top_k, **kw)` for independent jobs, in threads when the request has
+        workers (HiGHS runs outside the GIL; each answer is the serial one: a MILP's answer does not
+        depend on what else runs)."""
+        if self.sims.workers == 1 or len(jobs) < 2:
+            return [self.solve(c, m, k, **kw) for c, m, k, kw in jobs]
+        with ThreadPoolExecutor(self.sims.workers) as pool:
+            return list(pool.map(lambda job: self.solve(job[0], job[1], job[2], **job[3]), jobs))
 
     def candidates(self, cluster: Cluster | None = None, workload: Workload | None = None,
                    **kw: float | None) -> Candidates:

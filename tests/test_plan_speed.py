@@ -133,3 +133,19 @@ def test_milp_only_answers_the_milp_alone(cli) -> None:  # type: ignore[no-untyp
     assert "analytic, not simulated" in text.out
     bad = cli(*args, "--milp-only", "--objective", "pareto")
     assert bad.code == 2 and len(bad.err.strip().splitlines()) == 1 and "--milp-only" in bad.err
+
+
+def test_solves_in_threads_answer_as_one_at_a_time_and_give_stdout_back() -> None:
+    import os
+
+    from planner.parallel import Simulations
+
+    before = os.fstat(1)
+    serial = Search(CM, _fleet(), _workload(), "throughput", None, None, "auto", 0, 0)
+    threaded = Search(CM, _fleet(), _workload(), "throughput", None, None, "auto", 0, 0, sims=Simulations(2))
+    cand = serial.candidates()
+    jobs = [(cand, "async", 1, {}), (cand, "async", 2, {}), (cand, "async", 1, {"budget": 40.0}),
+            (cand, "sync", 1, {})]
+    assert serial.solve_many(jobs) == threaded.solve_many(jobs)  # type: ignore[arg-type]
+    after = os.fstat(1)
+    assert (before.st_dev, before.st_ino) == (after.st_dev, after.st_ino)  # not left on /dev/null
