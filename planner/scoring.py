@@ -1,9 +1,13 @@
 """A request's search context, and plans judged by the simulator (`Scored`).
 
 `Search` holds what every re-ranking step needs (fleet, job, objective, solver, simulation length,
-the request's bounds) and a cache of simulated placements: many searches reach the same placed
-plan (an engine-mix neighbour the MILP answers as before, a trainer size already tried), and a
-seeded simulation of the same plan is the same result, so each placement is simulated once.
+the request's bounds) and what a request computes once (issue 19): the candidates of each fleet
+(the plan's, its network tiers', its baselines', its marginal values'), each MILP's answer, and
+each placement's simulation. Many searches reach the same placed plan (an engine-mix neighbour
+the MILP answers as before, a trainer size already tried, a baseline that is a candidate), and a
+seeded simulation of the same plan is the same result, so each placement (keyed by its fleet,
+job and plan, the seed being the request's) is simulated once. Independent solves run in threads
+and independent simulations in processes (`solve_many`, `score_many`; planner.parallel).
 """
 
 from __future__ import annotations
