@@ -104,6 +104,7 @@ def plan_report(
         cand = search.candidates()
         mode: Mode = workload.mode
         found = [(cand, s) for s in search.solve(cand, mode, top_k)]
+        whole = deadline.hit is None  # the request's MILP ran to the end: its answer is the marginal values' base
         if not found:
             if deadline.hit:
                 raise deadline.nothing_found()
@@ -133,7 +134,7 @@ def plan_report(
         chosen = search.pick((chosen, *rivals)) if sim_steps > 0 else chosen
         t3 = time.perf_counter()
         # the request's own MILP answered the marginal values' base question unless it asked another
-        same = objective == "throughput" and target is None and not framework
+        same = objective == "throughput" and target is None and not framework and whole
         values = marginal_values(search, mode, budget, found[0][1].samples_per_s if same else None) if marginal else {}
         t4 = time.perf_counter()
         seconds = {"solve": t1 - t0, "simulate": t2 - t1, "baselines": t3 - t2, "marginal": t4 - t3}

@@ -27,8 +27,10 @@ def fleet_best(search: Search, cluster: Cluster, mode: Mode, budget: float | Non
 
 
 def _question(budget: float | None) -> dict[str, Any]:
-    """What each fleet is asked: the most samples/s within the request's budget, no target, any plan."""
-    return {"objective": "throughput", "restricted": False, "budget": budget, "target": None}
+    """What each fleet is asked: the most samples/s within the request's budget, no target, any plan,
+    solved to the end (as before issue 19: a value cut short by the request's clock would be wrong,
+    not approximate)."""
+    return {"objective": "throughput", "restricted": False, "budget": budget, "target": None, "bounded": False}
 
 
 def marginal_values(search: Search, mode: Mode, budget: float | None, base: float | None = None) -> dict[str, float]:

@@ -87,18 +87,20 @@ class Search:
     _solved: dict[tuple[object, ...], list[Solution]] = field(default_factory=dict, repr=False)
 
     def solve(self, cand: Candidates, mode: Mode, top_k: int = 1, *, objective: Objective | None = None,
-              restricted: bool = True, **override: float | None) -> list[Solution]:
+              restricted: bool = True, bounded: bool = True, **override: float | None) -> list[Solution]:
         """The request's MILP under its bounds: its objective, budget and target unless `objective`,
         `budget=` or `target=` say otherwise (None: no budget, no target); `restricted=False`
-        ignores a --framework restriction (the baselines are free plans)."""
+        ignores a --framework restriction (the baselines are free plans); `bounded=False` solves
+        to the end whatever the request's clock (a figure that must not be cut short)."""
         budget = override.get("budget", self.budget)
         target = override.get("target", self.target)
         fn = self.solve_fn if restricted else solve
         key = (cand, mode, objective or self.objective, budget, target, top_k, fn)
         if key in self._solved:  # the same MILP again (a search's neighbour, a baseline): one answer
             return list(self._solved[key])
-        found = fn(cand, mode, objective or self.objective, budget, target, top_k, self.solver, deadline=self.deadline)
-        if self.deadline.hit is None:  # an answer cut short by the bounds is not the MILP's answer
+        found = fn(cand, mode, objective or self.objective, budget, target, top_k, self.solver,
+                   deadline=self.deadline if bounded else None)
+        if not bounded or self.deadline.hit is None:  # an answer cut short by the bounds is not the MILP's
             self._solved[key] = list(found)
         return found
 

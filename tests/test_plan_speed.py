@@ -149,3 +149,16 @@ def test_solves_in_threads_answer_as_one_at_a_time_and_give_stdout_back() -> Non
     assert serial.solve_many(jobs) == threaded.solve_many(jobs)  # type: ignore[arg-type]
     after = os.fstat(1)
     assert (before.st_dev, before.st_ino) == (after.st_dev, after.st_ino)  # not left on /dev/null
+
+
+def test_marginal_values_are_not_cut_short_by_a_spent_request_clock() -> None:
+    from planner.bounds import Deadline
+    from planner.marginal import marginal_values
+
+    cluster, workload = _fleet(), _workload()
+    spent = Deadline(seconds=0.0)
+    search = Search(CM, cluster, workload, "throughput", None, None, "auto", 0, 0, deadline=spent)
+    got = marginal_values(search, "async", None)
+    want = _replanned(cluster, workload, None)
+    assert any(v > 0 for v in want.values())
+    assert got == pytest.approx(want, rel=0.02, abs=1e-6)
