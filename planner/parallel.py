@@ -57,6 +57,8 @@ class Simulations:
 
     def __init__(self, workers: int | None = None) -> None:
         self.workers = max(1, min(MAX_WORKERS, cores() if workers is None else workers))
+        if multiprocessing.current_process().daemon:  # a daemon (a multiprocessing.Pool worker) may not fork
+            self.workers = 1
         self._pool: ProcessPoolExecutor | None = None
 
     def run(self, jobs: list[SimJob]) -> list[SimResult | SpecError]:

@@ -162,3 +162,16 @@ def test_marginal_values_are_not_cut_short_by_a_spent_request_clock() -> None:
     want = _replanned(cluster, workload, None)
     assert any(v > 0 for v in want.values())
     assert got == pytest.approx(want, rel=0.02, abs=1e-6)
+
+
+def _plan_in_a_daemon(_: int) -> float:
+    return plan_report(_fleet(), _workload(), cost_model=CM, sim_steps=2, baselines=False, marginal=False).chosen \
+        .samples_per_s
+
+
+def test_a_request_inside_a_pool_worker_runs_its_simulations_in_place() -> None:
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(1) as pool:  # its workers are daemons: they may not fork
+        inside = pool.map(_plan_in_a_daemon, [0])[0]
+    assert inside == _plan_in_a_daemon(0)
