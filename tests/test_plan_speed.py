@@ -172,6 +172,8 @@ def _plan_in_a_daemon(_: int) -> float:
 def test_a_request_inside_a_pool_worker_runs_its_simulations_in_place() -> None:
     import multiprocessing
 
-    with multiprocessing.get_context("fork").Pool(1) as pool:  # its workers are daemons: they may not fork
+    # a Pool's workers are daemons: they may not fork. Spawned, not forked: a child forked from a
+    # process whose HiGHS has started its threads spins in its own first solve (HiGHS's scheduler)
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
         inside = pool.map(_plan_in_a_daemon, [0])[0]
     assert inside == _plan_in_a_daemon(0)
