@@ -17,12 +17,13 @@ from typing import Any
 
 from planner.baselines import baselines as plan_baselines
 from planner.bounds import MAX_SIMULATIONS, PLAN_SECONDS, Deadline
-from planner.candidates import candidates
-from planner.explain import check_request, explain_empty, marginal_values
+from planner.explain import check_request, explain_empty
 from planner.frameworks import RULES, solver_for
+from planner.marginal import marginal_values
 from planner.milp import Mode, Objective, solve
+from planner.parallel import Simulations
 from planner.rerank import climb, meet_target, without_slow_links
-from planner.scoring import Scored, Search
+from planner.scoring import Scored, Search, Trial
 from traces import Cluster, CostModel, Plan, Workload
 from traces.plan_check import count_problems
 from traces.progress import bar
@@ -80,7 +81,7 @@ def plan_report(
     target: float | None = None, top_k: int = 3, cost_model: CostModel | None = None, solver: str = "auto",
     sim_steps: int | None = None, seed: int = 0, baselines: bool = True, marginal: bool = True, refine: int = 3,
     explore: int = 2, framework: str | None = None, max_seconds: float = PLAN_SECONDS,
-    max_simulations: int = MAX_SIMULATIONS,
+    max_simulations: int = MAX_SIMULATIONS, workers: int | None = None,
 ) -> PlanReport:
     """Plan `workload` on `cluster`; see the module docstring. Raises SpecError (with the reason).
 
@@ -88,64 +89,74 @@ def plan_report(
     `refine` / `explore`: moves of the trainer-size and engine-mix hill-climbs (0: none).
     `framework` ("areal", "verl") searches only plans it launches (planner.frameworks); the report's
     `restriction` then holds the unrestricted plan's figures, planned and simulated the same way.
-    `max_seconds` / `max_simulations`: the request's bounds (planner.bounds)."""
+    `max_seconds` / `max_simulations`: the request's bounds (planner.bounds).
+    `workers`: processes simulating independent plans side by side (planner.parallel; None: one per
+    core, 1: all in this process); the report is the same whatever the count."""
     cm = cost_model or CostModel()
     if sim_steps is None:
         sim_steps = recommended_steps(workload.staleness if workload.mode == "async" else 0)
     check_request(objective, budget, target, top_k, sim_steps)
     deadline = Deadline(seconds=max_seconds, simulations=max_simulations)
     search = Search(cm, cluster, workload, objective, budget, target, solver, sim_steps, seed,
-                    solver_for(framework) if framework else solve, deadline, framework=framework)
-    t0 = time.perf_counter()
-    cand = candidates(cm, cluster, workload)
-    mode: Mode = workload.mode
-    found = [(cand, s) for s in search.solve(cand, mode, top_k)]
-    if not found:
-        if deadline.hit:
+                    solver_for(framework) if framework else solve, deadline, framework=framework,
+                    sims=Simulations(workers))
+    try:
+        t0 = time.perf_counter()
+        cand = search.candidates()
+        mode: Mode = workload.mode
+        found = [(cand, s) for s in search.solve(cand, mode, top_k)]
+        whole = deadline.hit is None  # the request's MILP ran to the end: its answer is the marginal values' base
+        if not found:
+            if deadline.hit:
+                raise deadline.nothing_found()
+            explain_empty(cm, cluster, workload, cand, mode, objective, budget, target, solver)
+        found += without_slow_links(search, top_k)
+        t1 = time.perf_counter()
+        with bar(len(found), "simulating the top plans", unit="plan") as progress:
+            scored = search.score_many([Trial(f"top-{i + 1}", c, s) for i, (c, s) in enumerate(found)])
+            progress.update(len(found))
+        ranked = tuple(s for s in scored if s is not None)
+        if not ranked:
             raise deadline.nothing_found()
-        explain_empty(cm, cluster, workload, cand, mode, objective, budget, target, solver)
-    found += without_slow_links(search, top_k)
-    t1 = time.perf_counter()
-    with bar(len(found), "simulating the top plans", unit="plan") as progress:
-        scored = [_tick(progress, search.score(f"top-{i + 1}", c, s)) for i, (c, s) in enumerate(found)]
-    ranked = tuple(s for s in scored if s is not None)
-    if not ranked:
-        raise deadline.nothing_found()
-    if sim_steps > 0:
-        ranked = climb(search, ranked, refine, explore)
-    if objective == "cost" and target is not None and sim_steps > 0:
-        ranked = meet_target(search, ranked, top_k)
-    chosen = search.pick(ranked)
-    t2 = time.perf_counter()
-    spend = budget if budget is not None else chosen.solution.cost_per_hour
-    base = plan_baselines(search, chosen, spend) if baselines else {}
-    # A baseline that runs on this cluster in the asked mode is a plan too: never return a worse one
-    # (under --framework only plans the framework launches are plans).
-    rivals = [b for b in base.values() if b.plan.mode == chosen.plan.mode and within(cluster, b.plan)
-              and not framework]
-    chosen = search.pick((chosen, *rivals)) if sim_steps > 0 else chosen
-    t3 = time.perf_counter()
-    values = marginal_values(cm, cluster, workload, mode, budget, solver) if marginal else {}
-    t4 = time.perf_counter()
-    seconds = {"solve": t1 - t0, "simulate": t2 - t1, "baselines": t3 - t2, "marginal": t4 - t3}
-    predicted = {"samples_per_s": chosen.samples_per_s, "analytic_samples_per_s": chosen.solution.samples_per_s,
-                 "cost_per_hour": chosen.solution.cost_per_hour, "gap": chosen.solution.gap,
-                 **{f"baseline:{name}": b.samples_per_s for name, b in base.items()}}
-    restriction = None
-    if framework:
-        free = plan_report(cluster, workload, objective=objective, budget=budget, target=target, top_k=top_k,
-                           cost_model=cm, solver=solver, sim_steps=sim_steps, seed=seed, baselines=False,
-                           marginal=False, refine=refine, explore=explore, max_seconds=max(deadline.left(), 1.0),
-                           max_simulations=max_simulations)
-        restriction = {"framework": framework, "rule": RULES[framework],
-                       "unrestricted_samples_per_s": free.chosen.samples_per_s,
-                       "unrestricted_cost_per_hour": free.chosen.solution.cost_per_hour}
-        predicted["unrestricted:samples_per_s"] = free.chosen.samples_per_s
-    plan = chosen.plan.model_copy(update={"predicted": predicted})
-    chosen = dataclasses.replace(chosen, plan=plan)
-    notes = (deadline.hit,) if deadline.hit else ()
-    return PlanReport(plan, chosen, ranked, base, values, objective, budget, target, seconds, cluster, restriction,
-                      notes)
+        if sim_steps > 0:
+            ranked = climb(search, ranked, refine, explore)
+        if objective == "cost" and target is not None and sim_steps > 0:
+            ranked = meet_target(search, ranked, top_k)
+        chosen = search.pick(ranked)
+        t2 = time.perf_counter()
+        spend = budget if budget is not None else chosen.solution.cost_per_hour
+        base = plan_baselines(search, chosen, spend) if baselines else {}
+        # A baseline that runs on this cluster in the asked mode is a plan too: never return a worse one
+        # (under --framework only plans the framework launches are plans).
+        rivals = [b for b in base.values() if b.plan.mode == chosen.plan.mode and within(cluster, b.plan)
+                  and not framework]
+        chosen = search.pick((chosen, *rivals)) if sim_steps > 0 else chosen
+        t3 = time.perf_counter()
+        # the request's own MILP answered the marginal values' base question unless it asked another
+        same = objective == "throughput" and target is None and not framework and whole
+        values = marginal_values(search, mode, budget, found[0][1].samples_per_s if same else None) if marginal else {}
+        t4 = time.perf_counter()
+        seconds = {"solve": t1 - t0, "simulate": t2 - t1, "baselines": t3 - t2, "marginal": t4 - t3}
+        predicted = {"samples_per_s": chosen.samples_per_s, "analytic_samples_per_s": chosen.solution.samples_per_s,
+                     "cost_per_hour": chosen.solution.cost_per_hour, "gap": chosen.solution.gap,
+                     **{f"baseline:{name}": b.samples_per_s for name, b in base.items()}}
+        restriction = None
+        if framework:
+            free = plan_report(cluster, workload, objective=objective, budget=budget, target=target, top_k=top_k,
+                               cost_model=cm, solver=solver, sim_steps=sim_steps, seed=seed, baselines=False,
+                               marginal=False, refine=refine, explore=explore, max_seconds=max(deadline.left(), 1.0),
+                               max_simulations=max_simulations, workers=workers)
+            restriction = {"framework": framework, "rule": RULES[framework],
+                           "unrestricted_samples_per_s": free.chosen.samples_per_s,
+                           "unrestricted_cost_per_hour": free.chosen.solution.cost_per_hour}
+            predicted["unrestricted:samples_per_s"] = free.chosen.samples_per_s
+        plan = chosen.plan.model_copy(update={"predicted": predicted})
+        chosen = dataclasses.replace(chosen, plan=plan)
+        notes = (deadline.hit,) if deadline.hit else ()
+        return PlanReport(plan, chosen, ranked, base, values, objective, budget, target, seconds, cluster, restriction,
+                          notes)
+    finally:
+        search.sims.close()
 
 
 def plan(cluster: Cluster, workload: Workload, objective: Objective = "throughput", budget: float | None = None,
@@ -157,8 +168,3 @@ def plan(cluster: Cluster, workload: Workload, objective: Objective = "throughpu
 def within(cluster: Cluster, plan: Plan) -> bool:
     """Whether the cluster has the GPUs the plan uses (a budget-equal baseline may not)."""
     return not count_problems(cluster, plan)
-
-
-def _tick(progress: Any, value: Any) -> Any:
-    progress.update()
-    return value

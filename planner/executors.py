@@ -142,11 +142,19 @@ def _serial(job: Job[C, T, R], items: list[T], progress: Any) -> list[Any]:
 # bytes, with the sweep's key: a worker unpickles and sets it up the first time it meets the key.
 _pool: tuple[int, ProcessPoolExecutor] | None = None
 _worker_context: tuple[str, Any] | None = None  # a worker's (sweep key, context): the last sweep only
+_in_worker = False  # this process runs a sweep's items (a local worker or a Ray task)
+
+
+def in_sweep_worker() -> bool:
+    """Whether this process is one of a sweep's workers: the sweep already spreads its items over the
+    cores, so a plan inside one simulates in place (planner.parallel)."""
+    return _in_worker
 
 
 def _process_work(setup: Callable[[Any], Any], work: Callable[[Any, Any], Any], key: str, payload: bytes,
                   item: Any) -> Any:
-    global _worker_context
+    global _worker_context, _in_worker
+    _in_worker = True
     if _worker_context is None or _worker_context[0] != key:
         set_quiet(True)  # one bar, the caller's
         _worker_context = (key, setup(pickle.loads(payload)))
@@ -186,7 +194,8 @@ def _ray_work(setup: Callable[[Any], Any], work: Callable[[Any, Any], Any], boxe
     task: a worker process builds the context once per payload and keeps it for the next task."""
     import ray
 
-    global _ray_context
+    global _ray_context, _in_worker
+    _in_worker = True
     key = boxed[0].hex()
     if _ray_context is None or _ray_context[0] != key:
         set_quiet(True)

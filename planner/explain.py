@@ -1,12 +1,10 @@
-"""Why a request has no plan (and the nearest fix), and what one more GPU of each type would buy."""
+"""Why a request has no plan, and the nearest fix."""
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
-
-from planner.candidates import Candidates, candidates
+from planner.candidates import Candidates
 from planner.milp import Mode, Objective, solve
 from traces import Cluster, CostModel, SpecError, Workload
 
@@ -86,24 +84,3 @@ def _smallest_trainer_gb(cm: CostModel, workload: Workload) -> float:
     from traces.costmodel.roofline import train_state_bytes
 
     return float(train_state_bytes(workload.model, 1, 1, 1, zero_stage=0)) / 1e9
-
-
-def marginal_values(cm: CostModel, cluster: Cluster, workload: Workload, mode: Mode, budget: float | None,
-                    solver: str) -> dict[str, float]:
-    """Analytic samples/s gained per GPU if each pool had one more node: the best plan re-solved with
-    and without it (same model, same budget), so the difference is the node's worth."""
-    def best(c: Cluster) -> float:
-        found = solve(candidates(cm, c, workload), mode, "throughput", budget, None, 1, solver)
-        return found[0].samples_per_s if found else 0.0
-
-    base = best(cluster)
-    out: dict[str, float] = {}
-    for i, group in enumerate(cluster.node_groups):
-        name = group.gpu_type if group.label is None else f"{group.gpu_type}@{group.label}"
-        if name in out:  # one more node of a kind already asked (identical groups plan as one pool)
-            continue
-        groups = list(cluster.node_groups)
-        groups[i] = group.model_copy(update={"nodes": group.nodes + 1})
-        gain = best(cluster.model_copy(update={"node_groups": tuple(groups)})) - base
-        out[name] = float(np.round(max(gain, 0.0) / group.gpus_per_node, 6))
-    return out

@@ -35,6 +35,7 @@ import dataclasses
 import math
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -211,17 +212,30 @@ def _proven_gap(model: _Model) -> float:
     return gap if math.isfinite(gap) and gap >= 0 else 0.0
 
 
+_QUIET = threading.Lock()
+_quiet_state: list[int] = [0, -1]  # solves now silenced, and the real stdout's saved descriptor
+
+
 @contextlib.contextmanager
 def _quiet_stdout() -> Iterator[None]:
-    sys.stdout.flush()
-    saved = os.dup(1)
+    """stdout to /dev/null while solves run; solves in threads (Search.solve_many) share one
+    redirection, restored when the last ends (each restoring its own would leave /dev/null)."""
+    with _QUIET:
+        if _quiet_state[0] == 0:
+            sys.stdout.flush()
+            _quiet_state[1] = os.dup(1)
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.close(null)
+        _quiet_state[0] += 1
     try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            yield
+        yield
     finally:
-        os.dup2(saved, 1)
-        os.close(saved)
+        with _QUIET:
+            _quiet_state[0] -= 1
+            if _quiet_state[0] == 0:
+                os.dup2(_quiet_state[1], 1)
+                os.close(_quiet_state[1])
 
 
 def _make(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...], mode: Mode,
@@ -243,6 +257,7 @@ def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget
     kw = {"budget": budget, "target": target, "solver_name": solver_name, "deadline": deadline}
     if not any(o.update_seconds for o in cand.engines):
         return solve_async_fixed(cand, objective, top_k=top_k, **kw)  # type: ignore[arg-type]
+    last_round: tuple[Candidates, list[Solution]] | None = None  # when the rate settled: that round's MILP
     if target is not None:
         # a cost objective buys the least that meets the target: such a plan runs at its period B / target
         period = cand.samples_per_step / target
@@ -257,10 +272,16 @@ def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget
                 break
             rate = top[0].samples_per_s
             if abs(rate - last) <= 0.01 * rate:
+                last_round = (derated, top)
                 break
             period, last = cand.samples_per_step / rate, rate
-    derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
-    found = solve_async_fixed(derated, objective, top_k=top_k, **kw)  # type: ignore[arg-type]
+    if last_round is not None and top_k == 1:  # the same MILP as the last round (seeded, deterministic): its bound
+        derated, top = last_round
+        found = [dataclasses.replace(top[0], lp_bound=lp_bound(derated, objective, budget, target, solver_name,
+                                                               deadline))]
+    else:
+        derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
+        found = solve_async_fixed(derated, objective, top_k=top_k, **kw)  # type: ignore[arg-type]
     base = {id(d): o for d, o in zip(derated.engines, cand.engines, strict=True)}
     return [settled(cand, s, tuple((base[id(o)], n) for o, n in s.engines)) for s in found]
 
@@ -284,6 +305,18 @@ def settled(cand: Candidates, sol: Solution, engines: tuple[tuple[EngineOption, 
     return _make(cand, sol.trainer, at(lo), "async", sol.lp_bound, sol.gap) if lo > 0 else sol
 
 
+def lp_bound(cand: Candidates, objective: Objective, budget: float | None, target: float | None,
+             solver_name: str = "auto", deadline: Deadline | None = None) -> float:
+    """The LP relaxation's objective (nan if it does not solve): no integer plan does better."""
+    trainers, engines = list(range(len(cand.trainers))), list(range(len(cand.engines)))
+    relaxed = _build(cand, objective, budget, target, trainers, engines, relax=True,
+                     in_flight=cand.in_flight_cap(0.0, 0.0), tail=True)
+    relaxed.deadline = deadline
+    if not _solve(relaxed, solver_name, relax=True):
+        return math.nan
+    return float(relaxed.z.varValue if objective == "throughput" else pulp.value(relaxed.prob.objective))
+
+
 def solve_async_fixed(cand: Candidates, objective: Objective = "throughput", *, budget: float | None = None,
                       target: float | None = None, top_k: int = 1, solver_name: str = "auto", bound: bool = True,
                       deadline: Deadline | None = None) -> list[Solution]:
@@ -294,12 +327,7 @@ def solve_async_fixed(cand: Candidates, objective: Objective = "throughput", *, 
     if not trainers or not engines:
         return []
     args = (cand, objective, budget, target, trainers, engines)
-    lp_bound = math.nan
-    if bound:
-        relaxed = _build(*args, relax=True, in_flight=cand.in_flight_cap(0.0, 0.0), tail=True)
-        relaxed.deadline = deadline
-        if _solve(relaxed, solver_name, relax=True):
-            lp_bound = float(relaxed.z.varValue if objective == "throughput" else pulp.value(relaxed.prob.objective))
+    bound_value = lp_bound(cand, objective, budget, target, solver_name, deadline) if bound else math.nan
     model = _build(*args, relax=False, in_flight=cand.in_flight_cap(0.0, 0.0), tail=True)
     model.deadline = deadline
     out: list[Solution] = []
@@ -311,7 +339,7 @@ def solve_async_fixed(cand: Candidates, objective: Objective = "throughput", *, 
         k, chosen = _chosen(cand, model)
         if not chosen:  # z = 0 is always feasible: no engine fits beside any trainer
             break
-        out.append(_make(cand, cand.trainers[k], chosen, "async", lp_bound, _proven_gap(model)))
+        out.append(_make(cand, cand.trainers[k], chosen, "async", bound_value, _proven_gap(model)))
         model.prob += model.y[k] <= 0, f"nogood{i}"
     return out
 

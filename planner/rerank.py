@@ -19,10 +19,10 @@ import dataclasses
 import itertools
 import math
 
-from planner.candidates import Candidates, EngineOption, candidates
+from planner.candidates import Candidates, EngineOption
 from planner.frameworks import launches
 from planner.milp import Solution, evaluate
-from planner.scoring import Scored, Search
+from planner.scoring import Scored, Search, Trial
 from traces import SpecError
 
 ANY = -1  # a pool's engines may be of any TP
@@ -59,7 +59,7 @@ def without_slow_links(search: Search, top_k: int) -> list[tuple[Candidates, Sol
     for floor in speeds[:-1]:
         if search.deadline.expired("the network-speed tiers"):
             break
-        cand = candidates(search.cm, search.cluster, search.workload, min_link_bytes_per_s=floor)
+        cand = search.candidates(min_link_bytes_per_s=floor)
         found = search.solve(cand, search.workload.mode, top_k) if cand.trainers else []
         out += [(cand, s) for s in found]
     return out
@@ -187,23 +187,27 @@ def explore_engines(search: Search, ranked: tuple[Scored, ...], rounds: int) -> 
         cand, trainer, mode = best.cand, best.solution.trainer, best.solution.mode
         used = {o.pool for o, _ in best.solution.engines}
         start, chosen = best, state
-        trials: list[tuple[dict[int, int], Solution | None]] = []
+        moves = []
         for pool, rule in _rule_moves(cand, used, state):
             trial = {**state, pool: rule}
             engines = tuple(o for o in cand.engines if _allowed(o, trial))
             if not engines or search.deadline.expired("the engine-mix search"):
                 continue
-            found = search.solve(dataclasses.replace(cand, engines=engines, trainers=(trainer,)), mode)
-            trials.append((trial, found[0] if found else None))
+            moves.append((trial, dataclasses.replace(cand, engines=engines, trainers=(trainer,))))
+        answers = search.solve_many([(c, mode, 1, {}) for _, c in moves])  # independent MILPs side by side
+        trials: list[tuple[dict[int, int], Solution | None]] = [
+            (trial, found[0] if found else None) for (trial, _), found in zip(moves, answers, strict=True)]
         framework = search.framework
         if framework is None:
             trials += [(state, s) for s in _count_moves(cand, start.solution)]
         elif len(start.solution.engines) == 1 and mode != "colocated":
             trials += [(state, s) for s in _kind_moves(cand, start.solution)]
-        for trial, sol in trials:
-            if sol is None or (framework is not None and not launches(framework, cand, sol)):
-                continue
-            scored = search.score(f"mix-{len(out) - len(ranked) + 1}", cand, sol, where="the engine-mix search")
+        live = [(trial, sol) for trial, sol in trials
+                if sol is not None and (framework is None or launches(framework, cand, sol))]
+        first = len(out) - len(ranked) + 1
+        every = search.score_many([Trial(f"mix-{first + j}", cand, sol) for j, (_, sol) in enumerate(live)],
+                                  where="the engine-mix search")  # one round's trials side by side
+        for (trial, _), scored in zip(live, every, strict=True):
             if scored is None:
                 return tuple(out)
             out.append(scored)

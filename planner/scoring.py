@@ -1,22 +1,28 @@
 """A request's search context, and plans judged by the simulator (`Scored`).
 
 `Search` holds what every re-ranking step needs (fleet, job, objective, solver, simulation length,
-the request's bounds) and a cache of simulated placements: many searches reach the same placed
-plan (an engine-mix neighbour the MILP answers as before, a trainer size already tried), and a
-seeded simulation of the same plan is the same result, so each placement is simulated once.
+the request's bounds) and what a request computes once (issue 19): the candidates of each fleet
+(the plan's, its network tiers', its baselines', its marginal values'), each MILP's answer, and
+each placement's simulation. Many searches reach the same placed plan (an engine-mix neighbour
+the MILP answers as before, a trainer size already tried, a baseline that is a candidate), and a
+seeded simulation of the same plan is the same result, so each placement (keyed by its fleet,
+job and plan, the seed being the request's) is simulated once. Independent solves run in threads
+and independent simulations in processes (`solve_many`, `score_many`; planner.parallel).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from planner.bounds import Deadline
-from planner.candidates import Candidates
+from planner.candidates import Candidates, candidates
 from planner.milp import Mode, Objective, Solution, solve
+from planner.parallel import SimJob, Simulations
 from planner.placement import reprice_sync, to_plan
-from sim import SimResult, simulate
+from sim import SimResult
 from traces import Cluster, CostModel, Plan, SpecError, Workload
 
 SolveFn = Callable[..., list[Solution]]  # planner.milp.solve's signature (or a framework's restriction of it)
@@ -42,6 +48,17 @@ class Scored:
                 "gpus": self.plan.gpus_by_type, "mode": self.plan.mode}
 
 
+@dataclass(frozen=True)
+class Trial:
+    """One solution to place and simulate (`cluster`, `workload`: None for the request's)."""
+
+    name: str
+    cand: Candidates
+    sol: Solution
+    cluster: Cluster | None = None
+    workload: Workload | None = None
+
+
 def for_mode(workload: Workload, mode: Mode) -> Workload:
     """The workload run in `mode` (the colocated baseline runs an async job on-policy)."""
     if workload.mode == mode:
@@ -65,44 +82,90 @@ class Search:
     solve_fn: SolveFn = solve
     deadline: Deadline = field(default_factory=Deadline)
     framework: str | None = None  # --framework: searches keep to the plans it launches (planner.frameworks)
+    sims: Simulations = field(default_factory=lambda: Simulations(1), repr=False)
     _seen: dict[str, Scored] = field(default_factory=dict, repr=False)
+    _options: dict[str, Candidates] = field(default_factory=dict, repr=False)
+    _solved: dict[tuple[object, ...], list[Solution]] = field(default_factory=dict, repr=False)
 
     def solve(self, cand: Candidates, mode: Mode, top_k: int = 1, *, objective: Objective | None = None,
-              restricted: bool = True, **override: float | None) -> list[Solution]:
+              restricted: bool = True, bounded: bool = True, **override: float | None) -> list[Solution]:
         """The request's MILP under its bounds: its objective, budget and target unless `objective`,
         `budget=` or `target=` say otherwise (None: no budget, no target); `restricted=False`
-        ignores a --framework restriction (the baselines are free plans)."""
+        ignores a --framework restriction (the baselines are free plans); `bounded=False` solves
+        to the end whatever the request's clock (a figure that must not be cut short)."""
         budget = override.get("budget", self.budget)
         target = override.get("target", self.target)
         fn = self.solve_fn if restricted else solve
-        return fn(cand, mode, objective or self.objective, budget, target, top_k, self.solver, deadline=self.deadline)
+        key = (cand, mode, objective or self.objective, budget, target, top_k, fn)
+        if key in self._solved:  # the same MILP again (a search's neighbour, a baseline): one answer
+            return list(self._solved[key])
+        found = fn(cand, mode, objective or self.objective, budget, target, top_k, self.solver,
+                   deadline=self.deadline if bounded else None)
+        if not bounded or self.deadline.hit is None:  # an answer cut short by the bounds is not the MILP's
+            self._solved[key] = list(found)
+        return found
+
+    def solve_many(self, jobs: list[tuple[Candidates, Mode, int, dict[str, Any]]]) -> list[list[Solution]]:
+        """`solve(cand, mode, top_k, **kw)` for independent jobs, in threads when the request has
+        workers (HiGHS runs outside the GIL; each answer is the serial one: a MILP's answer does not
+        depend on what else runs)."""
+        if self.sims.workers == 1 or len(jobs) < 2:
+            return [self.solve(c, m, k, **kw) for c, m, k, kw in jobs]
+        with ThreadPoolExecutor(self.sims.workers) as pool:
+            return list(pool.map(lambda job: self.solve(job[0], job[1], job[2], **job[3]), jobs))
+
+    def candidates(self, cluster: Cluster | None = None, workload: Workload | None = None,
+                   **kw: float | None) -> Candidates:
+        """planner.candidates.candidates for this request's cost model, computed once per (fleet, job,
+        options): the plan, its network tiers, its baselines and its marginal values share them."""
+        cluster, workload = cluster or self.cluster, workload or self.workload
+        key = f"{cluster.model_dump_json()}|{workload.model_dump_json()}|{sorted(kw.items())}"
+        if key not in self._options:
+            self._options[key] = candidates(self.cm, cluster, workload, **kw)  # type: ignore[arg-type]
+        return self._options[key]
 
     def score(self, name: str, cand: Candidates, sol: Solution, *, cluster: Cluster | None = None,
               workload: Workload | None = None, where: str = "re-ranking", counted: bool = True) -> Scored | None:
         """Place, reprice and simulate one solution; None once the request's bounds stop simulating
         (`counted=False`: the clock only, for the few baselines every report carries)."""
-        cluster, workload = cluster or self.cluster, workload or self.workload
-        plan = to_plan(cluster, workload, cand, sol)  # nodes only: repricing the sync does not move them
-        sol = reprice_sync(self.cm, cluster, workload, cand, sol, plan)
-        if self.sim_steps <= 0:
-            return Scored(name, plan, sol, None, cand)
-        key = f"{cluster.model_dump_json()}|{for_mode(workload, sol.mode).model_dump_json()}|{plan.model_dump_json()}"
-        if key in self._seen:
-            old = self._seen[key]
-            return Scored(name, plan, sol, old.simulated, cand)
-        if not (self.deadline.may_simulate(where) if counted else not self.deadline.expired(where)):
-            return None
-        self.deadline.simulated += counted
-        try:
-            result = simulate(cluster, for_mode(workload, sol.mode), plan, self.cm, steps=self.sim_steps,
-                              seed=self.seed, record_queue=False, wall_seconds=max(self.deadline.left(), 1.0))
-        except SpecError:
-            if self.deadline.expired(where):  # cut short by the request's clock, not by the plan
-                return None
-            raise
-        scored = Scored(name, plan, sol, result, cand)
-        self._seen[key] = scored
-        return scored
+        return self.score_many([Trial(name, cand, sol, cluster, workload)], where=where, counted=counted)[0]
+
+    def score_many(self, trials: list[Trial], *, where: str = "re-ranking", counted: bool = True
+                   ) -> list[Scored | None]:
+        """`score` for independent trials, their simulations side by side (planner.parallel), each
+        answer what `score` one at a time gives: the bounds are checked in order before any runs."""
+        out: list[Scored | None] = [None] * len(trials)
+        todo: dict[str, tuple[SimJob, list[tuple[int, Trial, Plan, Solution]]]] = {}
+        for i, t in enumerate(trials):
+            cluster, workload = t.cluster or self.cluster, t.workload or self.workload
+            plan = to_plan(cluster, workload, t.cand, t.sol)  # nodes only: repricing the sync does not move them
+            sol = reprice_sync(self.cm, cluster, workload, t.cand, t.sol, plan)
+            if self.sim_steps <= 0:
+                out[i] = Scored(t.name, plan, sol, None, t.cand)
+                continue
+            run = for_mode(workload, sol.mode)
+            key = f"{cluster.model_dump_json()}|{run.model_dump_json()}|{plan.model_dump_json()}"
+            if key in self._seen:
+                out[i] = Scored(t.name, plan, sol, self._seen[key].simulated, t.cand)
+                continue
+            if key in todo:  # the same placement twice in one batch: simulated once
+                todo[key][1].append((i, t, plan, sol))
+                continue
+            if not (self.deadline.may_simulate(where) if counted else not self.deadline.expired(where)):
+                break  # as one at a time: nothing after the first refusal is simulated
+            self.deadline.simulated += counted
+            job = SimJob(cluster, run, plan, self.cm, self.sim_steps, self.seed, max(self.deadline.left(), 1.0))
+            todo[key] = (job, [(i, t, plan, sol)])
+        results = self.sims.run([job for job, _ in todo.values()])
+        for (key, (_, uses)), result in zip(todo.items(), results, strict=True):
+            if isinstance(result, SpecError):
+                if self.deadline.expired(where):  # cut short by the request's clock, not by the plan
+                    continue
+                raise result
+            for i, t, plan, sol in uses:
+                out[i] = Scored(t.name, plan, sol, result, t.cand)
+            self._seen[key] = out[uses[0][0]]  # type: ignore[assignment]
+        return out
 
     def pick(self, ranked: tuple[Scored, ...] | list[Scored]) -> Scored:
         """The request's best: most samples/s, or the cheapest meeting the target (else the fastest)."""

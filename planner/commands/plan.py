@@ -39,6 +39,10 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=non_negative_seed, default=0, help="simulation seed (default 0)")
     p.add_argument("--solver", choices=("auto", "highs", "cbc"), default="auto", help="MILP solver (default auto)")
     p.add_argument("--no-baselines", action="store_true", help="skip planning and simulating the baselines")
+    p.add_argument("--milp-only", action="store_true",
+                   help="the MILP and placement alone (its best solution per network tier, analytic figures): no "
+                        "simulation, no re-ranking or refinement, no baselines, no marginal values; the fastest "
+                        "answer, for sweeps and re-planning")
     p.add_argument("--max-seconds", type=positive_float, default=PLAN_SECONDS,
                    help=f"wall-clock bound of the whole search (default {PLAN_SECONDS:g}); the best plan found by "
                         "then is returned, with a note")
@@ -66,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
     cluster, workload = load_cluster(args.cluster), load_workload(args.workload)
     if args.out:  # a bad output path is one line now, not after planning
         check_target(args.out)
+    if args.milp_only and args.objective == "pareto":
+        raise SpecError("--milp-only plans one request and --objective pareto a frontier of them; drop one")
     if args.objective == "pareto":
         eta = workload.staleness if workload.mode == "async" else 0
         frame = pareto(cluster, workload, solver=args.solver, cost_model=cost_model(args),
@@ -76,10 +82,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.json and sys.stderr.isatty():
         sys.stderr.write("planning: solving the MILP, then simulating the top plans and baselines...\n")
+    alone = {"top_k": 1, "sim_steps": 0, "baselines": False, "marginal": False, "refine": 0, "explore": 0}
+    asked = {"top_k": args.top_k, "sim_steps": args.sim_steps, "baselines": not args.no_baselines}
     report = plan_report(cluster, workload, objective=args.objective, budget=args.budget, target=args.target,
-                         top_k=args.top_k, solver=args.solver, sim_steps=args.sim_steps, seed=args.seed,
-                         baselines=not args.no_baselines, cost_model=cost_model(args), framework=args.framework,
-                         max_seconds=args.max_seconds, max_simulations=args.max_simulations)
+                         solver=args.solver, seed=args.seed, cost_model=cost_model(args), framework=args.framework,
+                         max_seconds=args.max_seconds, max_simulations=args.max_simulations,
+                         **(alone if args.milp_only else asked))  # type: ignore[arg-type]
     if args.out:
         report.plan.save(args.out)
     result = {**report.summary(), "exports": summary(report.plan, cluster, workload),
@@ -105,7 +113,8 @@ def _lines(report: Any, summary: dict[str, Any], args: argparse.Namespace) -> li
     ep = f" ep{t.ep}" if t.ep > 1 else ""
     lines.append(f"  trainer   {t.gpus} {t.gpu_type}: dp{t.dp} tp{t.tp} pp{t.pp}{ep}, ZeRO-{t.zero_stage}, "
                  f"{t.recompute} recompute{_nodes(t.nodes)}")
-    lines.append(f"  throughput {summary['samples_per_s']:.2f} samples/s simulated, {s.samples_per_s:.2f} analytic "
+    how = "simulated" if report.chosen.simulated is not None else "analytic, not simulated"
+    lines.append(f"  throughput {summary['samples_per_s']:.2f} samples/s {how}, {s.samples_per_s:.2f} analytic "
                  f"(LP bound {s.lp_bound:.2f}, gap {s.gap:.2%})")
     lines.append(f"  cost      ${s.cost_per_hour:,.2f}/h, ${summary['cost_per_1k_samples']:.3f} per 1k samples")
     if report.restriction is not None:

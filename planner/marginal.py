@@ -1,0 +1,55 @@
+"""What one more node of each kind would buy: analytic samples/s per added GPU.
+
+Each value is the best plan re-solved with one more node of that kind (same model, same budget),
+less the fleet's own best, per GPU of the node. The re-solves reuse the request's work
+(Search.candidates and Search.solve: the fleet's best is the request's own MILP answer when the
+request asked the same question), so only one MILP per kind of node is new.
+The LP relaxation's duals of the GPU-count rows (cheaper still) were measured against these
+re-solves and are no substitute: the trainer's whole-node binaries make the integer gain a step
+the relaxation does not see (issue 19: duals of 0.0004 against re-solved gains of 0.076 per GPU).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from planner.milp import Mode
+from planner.scoring import Search
+from traces import Cluster
+
+
+def fleet_best(search: Search, cluster: Cluster, mode: Mode, budget: float | None) -> float:
+    """The most analytic samples/s a plan of `cluster` reaches within `budget` (0 if none)."""
+    found = search.solve(search.candidates(cluster=cluster), mode, 1, **_question(budget))
+    return found[0].samples_per_s if found else 0.0
+
+
+def _question(budget: float | None) -> dict[str, Any]:
+    """What each fleet is asked: the most samples/s within the request's budget, no target, any plan,
+    solved to the end (as before issue 19: a value cut short by the request's clock would be wrong,
+    not approximate)."""
+    return {"objective": "throughput", "restricted": False, "budget": budget, "target": None, "bounded": False}
+
+
+def marginal_values(search: Search, mode: Mode, budget: float | None, base: float | None = None) -> dict[str, float]:
+    """Samples/s gained per GPU if each kind of node had one more (see the module docstring);
+    `base`: the fleet's best if the caller already has it (the same MILP's answer)."""
+    cluster = search.cluster
+    if base is None:
+        base = fleet_best(search, cluster, mode, budget)
+    more: dict[str, tuple[Cluster, int]] = {}
+    for i, group in enumerate(cluster.node_groups):
+        name = group.gpu_type if group.label is None else f"{group.gpu_type}@{group.label}"
+        if name in more:  # one more node of a kind already asked (identical groups plan as one pool)
+            continue
+        groups = list(cluster.node_groups)
+        groups[i] = group.model_copy(update={"nodes": group.nodes + 1})
+        more[name] = (cluster.model_copy(update={"node_groups": tuple(groups)}), group.gpus_per_node)
+    answers = search.solve_many([(search.candidates(cluster=c), mode, 1, _question(budget)) for c, _ in more.values()])
+    out: dict[str, float] = {}
+    for (name, (_, per_node)), found in zip(more.items(), answers, strict=True):
+        gain = (found[0].samples_per_s if found else 0.0) - base
+        out[name] = float(np.round(max(gain, 0.0) / per_node, 6))
+    return out
