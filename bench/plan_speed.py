@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from base_tree import base_tree  # bench/base_tree.py: bench/ is the script folder, first on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -91,14 +92,6 @@ def run_plan(tree: Path, files: tuple[str, str], extra: list[str]) -> tuple[floa
         return float("inf"), None
     seconds = time.perf_counter() - t0
     return seconds, (json.loads(out.stdout) if out.returncode == 0 else None)
-
-
-def base_tree(rev: str) -> Path:
-    path = Path(f"/tmp/speed-base-{rev}")
-    if not path.exists():
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev], check=True,
-                       capture_output=True)
-    return path
 
 
 def compare(args: argparse.Namespace) -> None:

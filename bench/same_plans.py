@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from base_tree import base_tree  # bench/base_tree.py: bench/ is the script folder, first on sys.path
+
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = [("mixed-h800-h20-l40s", "qwen2.5-7b-grpo-longtail"), ("h800-h20-l40s-4node", "qwen2.5-1.5b-math-short"),
            ("a100-l4", "llama-3.1-8b-grpo-4k"), ("h100-64", "qwen2.5-7b-grpo-longtail"),
@@ -76,14 +78,6 @@ def run_tree(tree: Path, todo: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(todo)], env=env,
                          cwd=tree, capture_output=True, text=True, check=True)
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-
-
-def base_tree(rev: str) -> Path:
-    path = Path(f"/tmp/speed-base-{rev}")
-    if not path.exists():
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev], check=True,
-                       capture_output=True)
-    return path
 
 
 def main() -> None:
