@@ -76,7 +76,8 @@ def register(sub: Any) -> None:
     s.add_argument("--model", required=True, help="model preset (see rlfleet catalog)")
     s.add_argument("--engines", type=positive_int, default=1, help="receiving engines K (default 1)")
     s.add_argument("--link-gb-per-s", type=gb_per_s, default=None,
-                   help=f"path bandwidth, GB/s (default: intra-node link for one type, "
+                   help=f"path bandwidth, GB/s one way, as a cluster's inter_node_gb_per_s (the catalog's "
+                        f"link_gb_per_s counts both directions; default: half of it for one type, "
                         f"{DEFAULT_INTER_NODE_GB_PER_S:g} GB/s between types)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     _cluster_arg(s)
