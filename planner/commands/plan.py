@@ -113,9 +113,12 @@ def _lines(report: Any, summary: dict[str, Any], args: argparse.Namespace) -> li
     ep = f" ep{t.ep}" if t.ep > 1 else ""
     lines.append(f"  trainer   {t.gpus} {t.gpu_type}: dp{t.dp} tp{t.tp} pp{t.pp}{ep}, ZeRO-{t.zero_stage}, "
                  f"{t.recompute} recompute{_nodes(t.nodes)}")
-    how = "simulated" if report.chosen.simulated is not None else "analytic, not simulated"
-    lines.append(f"  throughput {summary['samples_per_s']:.2f} samples/s {how}, {s.samples_per_s:.2f} analytic "
-                 f"(LP bound {s.lp_bound:.2f}, gap {s.gap:.2%})")
+    bound = f"(LP bound {s.lp_bound:.2f}, gap {s.gap:.2%})"
+    if report.chosen.simulated is not None:
+        lines.append(f"  throughput {summary['samples_per_s']:.2f} samples/s simulated, {s.samples_per_s:.2f} analytic "
+                     + bound)
+    else:
+        lines.append(f"  throughput {s.samples_per_s:.2f} samples/s analytic, not simulated {bound}")
     lines.append(f"  cost      ${s.cost_per_hour:,.2f}/h, ${summary['cost_per_1k_samples']:.3f} per 1k samples")
     if report.restriction is not None:
         r = report.restriction
