@@ -20,12 +20,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from traces import CostModel, get_gpu, get_model
 from traces.calibration import CalibrationRow
+from traces.costmodel.engine_kinds import engine_efficiency
 from traces.costmodel.fit import Case
 from traces.costmodel.roofline import train_flops_per_token
 from traces.errors import SpecError
@@ -40,6 +41,9 @@ SAME_SHAPE = {"deepseek-r1-distill-qwen-1.5b": "qwen2.5-1.5b", "deepseek-r1-dist
 INTER_NODE = {"A100-80G": 25e9, "H100": 50e9, "H800": 50e9, "H200": 50e9, "B200": 100e9, "GB200": 100e9}
 NODE_SIZE = {"GB200": 72}  # an NVL72 rack is one NVLink domain
 GPT_FAST_NEW_TOKENS = 200  # gpt-fast's generate.py default (C9, C10 give no output length)
+# Sources whose GPUs ran below the catalog's HBM rate. gpt-fast README.md (@32971d3): "Running on an
+# A100 80GB, albeit power-limited to 330 watts. Empirically, seems like peak bandwidth is about 1700 GB/s."
+SOURCE_HBM_TB_PER_S = {"gpt-fast": 1.7}
 # Layouts the row gives only by reference (Megatron-LM README's scaling table, as tests/calibration_cases.py).
 MEGATRON_175B = {"tp": 8, "pp": 12, "vp": 4}
 SHAREGPT_PROMPT, SHAREGPT_SIGMA = 240.0, 1.0  # ShareGPT: ~240-token prompts, lognormal answers
@@ -73,9 +77,17 @@ def _precision(row: CalibrationRow, model: ModelSpec, gpu: GpuType) -> tuple[Mod
             gpu.model_copy(update={"bf16_tflops": 2 * gpu.bf16_tflops}))
 
 
+def _source_gpu(row: CalibrationRow, gpu: GpuType) -> GpuType:
+    """The row's GPU as its source ran it (SOURCE_HBM_TB_PER_S: a power limit's lower copy rate)."""
+    hbm = SOURCE_HBM_TB_PER_S.get(row.source_key)
+    return gpu if hbm is None else gpu.model_copy(update={"hbm_tb_per_s": hbm})
+
+
 def _static_batch(cm: CostModel, row: CalibrationRow, model: ModelSpec, gpu: GpuType, tp: int
                   ) -> tuple[float, float]:
-    """(prefill seconds, decode seconds) of one static batch."""
+    """(prefill seconds, decode seconds) of one static batch, priced as the row's engine runs
+    (engine_kinds: a scheduler-free graph loop has its own fixed decode cost)."""
+    cm = replace(cm, efficiency=engine_efficiency(cm.efficiency, row.engine))
     b, p = row.batch or 1, row.prompt_len or 1
     o = row.output_len or GPT_FAST_NEW_TOKENS
     prefill = float(cm.prefill(gpu, model, tp, b * p, p).seconds)
@@ -212,7 +224,7 @@ def case(row: CalibrationRow) -> Case | Skipped:
     except SpecError:
         return Skipped(row.id, f"{row.model} is not in the catalog")
     try:
-        model, gpu = _precision(row, model, get_gpu(row.gpu_type))
+        model, gpu = _precision(row, model, _source_gpu(row, get_gpu(row.gpu_type)))
     except SpecError:
         return Skipped(row.id, f"{row.gpu_type} is not in the catalog")
     tp = _layout(row.layout).get("tp", 1)

@@ -2,7 +2,8 @@
 
 Training throughput: gpt-oss-120b on GB200 and H100 (C33, C34; what Efficiency.expert_matmul was fitted
 to) and DeepSeek-V3 on GB200 (C35, held out of that fit). Decode: Mixtral 8x7B at batch 1 with TP 2,
-4 and 8 (gpt-fast, C50-C52), where the active weights set the pace.
+4 and 8 (gpt-fast, C50-C52), where the active weights set the pace, beside the same source's dense
+TP rows (C9, C10, C62-C66).
 """
 
 from __future__ import annotations
@@ -26,21 +27,32 @@ def _case(row_id: str) -> Case:
     return c
 
 
-@pytest.mark.parametrize("row_id", ["C33", "C34", "C35", "C50"])
+@pytest.mark.parametrize("row_id", ["C33", "C34", "C35", "C50", "C51", "C52"])
 def test_moe_rows_within_20_percent(row_id: str) -> None:
     assert abs(_case(row_id).error(CM)) < 0.20
 
 
-@pytest.mark.parametrize("row_id", ["C51", "C52"])
-def test_mixtral_tp4_tp8_miss_by_the_collective_latency_not_the_experts(row_id: str) -> None:
-    """At TP 4 and 8 a batch-1 token takes 4-6 ms, and the fitted 39 us per all-reduce (64 of them a
-    token) is too slow for gpt-fast's intra-node all-reduce: those rows fall 20-35% short. With the
-    latency at 20 us (the refit's business: traces/costmodel/efficiency.py) they are within 20%; the
-    dense TP8 row of the same source (C10) stays within 10% there too."""
-    assert _case(row_id).error(CM) < -0.20
-    faster = CostModel(CM.tables, dataclasses.replace(CM.efficiency, collective_latency_s=2e-5))
-    assert abs(_case(row_id).error(faster)) < 0.20
-    assert abs(_case("C10").error(CostModel.roofline_only(faster.efficiency))) < 0.10
+@pytest.mark.parametrize("row_id", ["C50", "C51", "C52"])
+def test_mixtral_rows_need_the_graph_loop_engine_not_other_experts(row_id: str) -> None:
+    """gpt-fast runs no scheduler (traces.costmodel.engine_kinds): priced with a serving engine's
+    fixed decode cost instead, the batch-1 token is too slow at TP4/TP8 (the old 20-35% miss)."""
+    assert "gpt-fast" in ROWS[row_id].engine
+    served = dataclasses.replace(CM.efficiency, graph_loop_decode_overhead_s=CM.efficiency.decode_overhead_s)
+    as_served = _case(row_id).error(CostModel(CM.tables, served))
+    assert as_served < _case(row_id).error(CM) - 0.05
+    if row_id != "C50":
+        assert as_served < -0.20
+
+
+def test_gpt_fast_dense_tp_rows_left_short_by_the_collective_latency() -> None:
+    """What remains of gpt-fast's TP miss (dense Llama-2-7B at TP2-8, C62-C64, 15-20% short in the
+    roofline bench/fidelity.py judges) is the fitted 39 us per all-reduce, against gpt-fast's
+    intra-node all-reduce (ENABLE_INTRA_NODE_COMM, pytorch/pytorch#114001): at 20 us they are within
+    20% (a joint refit of the latency is the refit's business: traces/costmodel/efficiency.py)."""
+    roof = CostModel.roofline_only(CM.efficiency)
+    assert all(_case(i).error(roof) < -0.15 for i in ("C62", "C63", "C64"))
+    faster = CostModel.roofline_only(dataclasses.replace(CM.efficiency, collective_latency_s=2e-5))
+    assert all(abs(_case(i).error(faster)) < 0.20 for i in ("C62", "C63", "C64"))
 
 
 def test_expert_matmul_held_out_is_judged_from_its_neutral_start() -> None:

@@ -27,6 +27,10 @@ class Efficiency:
     # per sequence), seconds per sequence.
     decode_overhead_s: float = 0.00217
     decode_overhead_per_seq_s: float = 4.52e-5
+    # Fixed cost per decode iteration of a scheduler-free CUDA-graph loop (gpt-fast; engine_kinds.py),
+    # seconds: fitted to gpt-fast's rows (C9, C10, C50-C52, C62-C66; the others at these values, and in
+    # bench/fidelity.py --quick's joint fit alike) it sits on its floor, BOUNDS' 0.1 ms: a graph replay.
+    graph_loop_decode_overhead_s: float = 1e-4
     # How a pass's compute and memory times combine: 0 takes the larger (the plain roofline); p > 0
     # takes (compute^p + memory^p)^(1/p), which lies between the sum (p = 1) and the larger one, and
     # costs most where the two are equal (the ridge: a short prefill, decode at batch 32-128), where

@@ -31,6 +31,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "memory": (0.3, 0.95),
     "decode_overhead_s": (1e-4, 0.02),
     "decode_overhead_per_seq_s": (1e-7, 1e-4),
+    "graph_loop_decode_overhead_s": (1e-4, 0.02),
     "prefill_overhead_s": (1e-4, 0.05),
     "train_matmul": (0.2, 1.0),
     "expert_matmul": (0.05, 1.0),
