@@ -10,14 +10,12 @@ the single-turn workload exactly. (AReaL's and verl's multi-turn rollouts, e.g. 
 from __future__ import annotations
 
 import functools
-import math
 from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from scipy.special import ndtr
 
-from traces.lengths import LengthDist
+from traces.lengths import LengthDist, capped_lognormal_mean, lognormal_mu
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 MAX_SECONDS = 86_400.0  # a tool call longer than a day is a typo
@@ -61,7 +59,7 @@ class SecondsDist(BaseModel):
             return np.full(n, float(self.value))  # type: ignore[arg-type]
         if self.kind == "uniform":
             return rng.uniform(self.low, self.high, size=n)  # type: ignore[arg-type]
-        mu = math.log(self.mean) - self.sigma**2 / 2  # type: ignore[arg-type, operator]
+        mu = lognormal_mu(self.mean, self.sigma)  # type: ignore[arg-type]
         return np.minimum(rng.lognormal(mu, self.sigma, size=n), self.cap)  # type: ignore[arg-type]
 
 
@@ -71,10 +69,7 @@ def _expected_seconds(dist: SecondsDist) -> float:
         return float(dist.value)  # type: ignore[arg-type]
     if dist.kind == "uniform":
         return (dist.low + dist.high) / 2  # type: ignore[operator]
-    # E[min(X, c)] for a lognormal X, as traces.lengths does for token lengths.
-    mu, s, c = math.log(dist.mean) - dist.sigma**2 / 2, float(dist.sigma), float(dist.cap)  # type: ignore[arg-type, operator]
-    z = (math.log(c) - mu) / s
-    return math.exp(mu + s * s / 2) * float(ndtr(z - s)) + c * float(ndtr(-z))
+    return capped_lognormal_mean(float(dist.mean), float(dist.sigma), float(dist.cap))  # type: ignore[arg-type]
 
 
 _NO_LATENCY = SecondsDist(kind="fixed", value=0.0)

@@ -60,10 +60,9 @@ class LengthDist(BaseModel):
                 raise ValueError("empirical: counts sum to more than a float holds; scale them down")
         return self
 
-    # Lognormal parameters such that the *uncapped* mean equals `mean`.
     def _mu(self) -> float:
         assert self.mean is not None and self.sigma is not None
-        return math.log(self.mean) - self.sigma**2 / 2
+        return lognormal_mu(self.mean, self.sigma)
 
     @property
     def max(self) -> int:
@@ -118,7 +117,17 @@ def _expected(dist: LengthDist) -> float:
         return (dist.low + dist.high) / 2  # type: ignore[operator]
     if dist.kind == "empirical":
         return float((np.asarray(dist.lengths, float) * dist.probabilities()).sum())
-    # E[min(X, c)] for lognormal X: exp(mu + s^2/2) Phi((ln c - mu - s^2)/s) + c (1 - Phi((ln c - mu)/s)).
-    mu, s, c = dist._mu(), float(dist.sigma), float(dist.cap)  # type: ignore[arg-type]
-    z = (math.log(c) - mu) / s
-    return math.exp(mu + s * s / 2) * float(ndtr(z - s)) + c * float(ndtr(-z))
+    return capped_lognormal_mean(float(dist.mean), float(dist.sigma), float(dist.cap))  # type: ignore[arg-type]
+
+
+def lognormal_mu(mean: float, sigma: float) -> float:
+    """The log-scale location whose *uncapped* lognormal mean is `mean`."""
+    return math.log(mean) - sigma**2 / 2
+
+
+def capped_lognormal_mean(mean: float, sigma: float, cap: float) -> float:
+    """E[min(X, cap)] for a lognormal X of mean `mean` (uncapped) and log-scale sigma:
+    exp(mu + s^2/2) Phi((ln c - mu - s^2)/s) + c (1 - Phi((ln c - mu)/s))."""
+    mu = lognormal_mu(mean, sigma)
+    z = (math.log(cap) - mu) / sigma
+    return math.exp(mu + sigma * sigma / 2) * float(ndtr(z - sigma)) + cap * float(ndtr(-z))
