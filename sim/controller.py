@@ -25,7 +25,7 @@ from typing import Protocol
 import numpy as np
 import simpy
 
-from sim.clock import timeout_at
+from sim.clock import Alarm, timeout_at
 from sim.completion_pool import CompletionPool
 from sim.decode_plans import FlatDecodePlans
 from sim.recorder import Recorder
@@ -52,8 +52,9 @@ class Controller:
         self.ledger: CapacityLedger[np.ndarray] = CapacityLedger(batch, eta, len(samples), chunk,
                                                                  oversample=oversample)
         self.passes = passes  # dynamic sampling: [sid] whether its group passes the filter; None: all do
-        self._drop_timer = 0  # generation of the dynamic-sampling timer (see `_arm_drops`)
-        self._drops_pending = False
+        # dynamic sampling: a dropped completion frees allowance mid-version, so look at the next filed
+        # completion when it is due (the buffer is otherwise read lazily) and route again then
+        self._drop_alarm = Alarm(env, lambda: self.pool.kth_time({}), self.deliver)
         self.pool = CompletionPool(samples.start_version)
         self.on_buffer: Callable[[], None] = lambda: None  # the trainer's wake-up
         self.fleet: FleetView | None = None  # set by the fleet once every engine has joined (Fleet.setup)
@@ -180,21 +181,6 @@ class Controller:
             if short[level] <= 0:
                 del short[level]
 
-    def _arm_drops(self, _event: simpy.Event | None = None) -> None:
-        """Dynamic sampling: a dropped completion frees allowance mid-version, so look at the next
-        filed completion when it is due (the buffer is otherwise read lazily) and route again then."""
-        self._drops_pending = False
-        self._drop_timer += 1
-        when = self.pool.kth_time({})
-        if when < float("inf"):
-            generation = self._drop_timer
-            timeout_at(self.env, when).callbacks.append(lambda _ev: self._drop_ring(generation))
-
-    def _drop_ring(self, generation: int) -> None:
-        if generation == self._drop_timer:
-            self.deliver()
-            self._arm_drops()
-
     def _resolve(self, level: int, sids: np.ndarray, n: int) -> None:
         """Completions of start version `level` into the buffer, less those dynamic sampling drops."""
         if self.passes is None:
@@ -229,9 +215,8 @@ class Controller:
 
     def _retime_soon(self) -> None:
         """Filings changed: reset the trainer's timer at the end of this instant (once for many engines)."""
-        if self.passes is not None and not self._drops_pending:
-            self._drops_pending = True
-            self.env.timeout(0).callbacks.append(self._arm_drops)
+        if self.passes is not None:
+            self._drop_alarm.soon()
         if self._watch_step is not None and not self._retime_pending:
             self._retime_pending = True
             self.env.timeout(0).callbacks.append(self._retime_now)

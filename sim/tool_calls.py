@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 import simpy
 
-from sim.clock import timeout_at
+from sim.clock import Alarm
 from sim.completion_pool import CompletionPool
 from sim.decode_plans import FlatDecodePlans
 from sim.samples import Samples
@@ -44,8 +44,7 @@ class ToolCalls:
         self.left_version = np.zeros(n, np.int64)  # [sample]: its engine's weights when its last turn ended
         self.pool = CompletionPool(samples.start_version)
         self.homes: Homes | None = None  # the fleet, once it is made
-        self._timer = 0  # generation of the return timer: a newer one voids older ones
-        self._arm_pending = False
+        self._returns = Alarm(env, lambda: self.pool.kth_time({}), self._back)  # tool calls due back
 
     def last_turn(self, sids: np.ndarray) -> np.ndarray:
         """Whether each sample is on its episode's last turn (its completion goes to the trainer)."""
@@ -72,22 +71,7 @@ class ToolCalls:
 
     def _arm_soon(self) -> None:
         """Filings changed: set the return timer at the end of this instant (once for many engines)."""
-        if not self._arm_pending:
-            self._arm_pending = True
-            self.env.timeout(0).callbacks.append(self._arm)
-
-    def _arm(self, _event: simpy.Event | None) -> None:
-        self._arm_pending = False
-        self._timer += 1
-        when = self.pool.kth_time({})
-        if when < float("inf"):
-            generation = self._timer
-            timeout_at(self.env, when).callbacks.append(lambda _ev: self._ring(generation))
-
-    def _ring(self, generation: int) -> None:
-        if generation == self._timer:
-            self._back()
-            self._arm(None)
+        self._returns.soon()
 
     def _back(self) -> None:
         """The tool calls due by now return: each episode's next turn is routed to its engine."""
