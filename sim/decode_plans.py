@@ -176,7 +176,7 @@ class DecodeCut:
 def cuts_of(plans: list[tuple[DecodePlan, DecodeTable]], now: float) -> list[DecodeCut]:
     """Interrupted now: jumps that ended have happened; the one in progress stops after its current
     iteration (one that started this instant runs one iteration)."""
-    js = [int(np.searchsorted(p.ends, now, "right")) for p, _ in plans]
+    js = [int(p.ends.searchsorted(now, "right")) for p, _ in plans]
     start = np.array([float(p.ends[j - 1]) if j else p.t0 for (p, _), j in zip(plans, js, strict=True)])
     b = np.array([p.b[j] for (p, _), j in zip(plans, js, strict=True)])
     s0 = np.array([p.s[j] for (p, _), j in zip(plans, js, strict=True)])

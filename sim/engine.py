@@ -115,7 +115,7 @@ class Engine:
         self.catch_up()
         running = len(self.batch)
         if self._plan is not None:  # samples whose jump has ended are gone already
-            running -= self._plan.completed_before(int(np.searchsorted(self._plan.ends, self.env.now, "right")))
+            running -= self._plan.completed_before(int(self._plan.ends.searchsorted(self.env.now, "right")))
         return running + len(self.waiting) + len(self.inbox)
 
     def queued(self) -> int:

@@ -53,7 +53,7 @@ class Parked:
         """Samples of engine i whose jump has ended by now."""
         p = self.plans
         lo, hi = int(p.jumps[i]), int(p.jumps[i + 1])
-        j = int(np.searchsorted(p.ends[lo:hi], now, "right"))
+        j = int(p.ends[lo:hi].searchsorted(now, "right"))
         return int(p.cum[lo + j - 1] - p.offsets[i]) if j else 0
 
 
