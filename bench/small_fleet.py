@@ -3,8 +3,8 @@
 Two cases, both async and interruptible: the README demo's plan (the plan `rlfleet plan` picks on
 mixed-h800-h20-l40s for qwen2.5-7b-grpo-longtail: 32 H800 TP1 + 32 H20 TP4 engines) and the two
 candidates that `rlfleet plan` spends most of its simulation time on there (12 and 14 engines).
-Only sim and traces APIs that main has too, so bench/sim_compare.py --speed --small can time this
-file against another tree.
+Only sim and traces APIs that main has too, so `--against TREE` can run this file's cases in
+another tree's code.
 Usage: python bench/small_fleet.py [--steps 10] [--repeat 3] [--against TREE]
 (--against: this tree and TREE, e.g. main exported with git archive, in alternating processes, with the ratio)
 """
