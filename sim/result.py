@@ -32,6 +32,7 @@ class SimResult:
     recorder: Recorder = field(repr=False, compare=False)  # the timeline, put together when asked for
     queue_rows: tuple[tuple[float, int, int, int], ...] = field(repr=False, default=())
     dropped: int = 0  # samples generated and dropped by dynamic sampling (filtered or surplus)
+    settled: bool | None = None  # until_settled runs: whether the rate settled before the cap (None: fixed steps)
 
     @cached_property
     def timeline_rows(self) -> tuple[tuple[Any, ...], ...]:

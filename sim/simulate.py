@@ -30,7 +30,7 @@ from traces.plan import RolloutGroup
 from traces.plan_check import check_plan
 from traces.pricing import plan_price_per_hour
 from traces.progress import bar
-from traces.records import steady_state, warm_steps
+from traces.records import settled, steady_state, warm_steps
 from traces.staleness import lag_bound
 
 MAX_SAMPLES = 20_000_000  # lengths are drawn up front: bound the memory a bad input can ask for
@@ -94,16 +94,21 @@ def _step_costs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan
 def simulate(
     cluster: Cluster, workload: Workload, plan: Plan, cost_model: CostModel | None = None, *, steps: int = 10,
     seed: int = 0, token_level: bool = False, record_queue: bool = True, wall_seconds: float | None = None,
+    until_settled: bool = False,
 ) -> SimResult:
     """Simulate `plan` running `workload` on `cluster` until the trainer finishes `steps` steps.
 
-    `wall_seconds` lowers the run's wall-clock bound (a planner's request has its own clock)."""
+    `wall_seconds` lowers the run's wall-clock bound (a planner's request has its own clock).
+    `until_settled`: `steps` is a cap; the run ends at the first step where its steady rate has
+    settled (traces.records.settled; the result's `settled` says whether it did). The lengths drawn
+    depend on the cap, so it is the same run as `steps=cap` cut short, not as `steps=` its length."""
     if steps < 1:
         raise SpecError(f"steps must be at least 1, got {steps}")
     # the token-level reference keeps the collector on: its per-sample objects make cycles, hundreds
     # of thousands per step
     with nullcontext() if token_level else _cycle_collector_paused():
-        return _simulate(cluster, workload, plan, cost_model, steps, seed, token_level, record_queue, wall_seconds)
+        return _simulate(cluster, workload, plan, cost_model, steps, seed, token_level, record_queue, wall_seconds,
+                         until_settled)
 
 
 @contextmanager
@@ -125,7 +130,7 @@ def _cycle_collector_paused() -> Iterator[None]:
 
 
 def _simulate(cluster: Cluster, workload: Workload, plan: Plan, cost_model: CostModel | None, steps: int, seed: int,
-              token_level: bool, record_queue: bool, wall_seconds: float | None) -> SimResult:
+              token_level: bool, record_queue: bool, wall_seconds: float | None, until_settled: bool) -> SimResult:
     cm = cost_model or CostModel()
     check_plan(cluster, workload, plan)
     env = simpy.Environment()
@@ -177,7 +182,8 @@ def _simulate(cluster: Cluster, workload: Workload, plan: Plan, cost_model: Cost
             e.request_update(version, ready_at)
 
     trainer = Trainer(env, ctl, rec, steps, _step_costs(cm, cluster, workload, plan), sync_s, push,
-                      switch_seconds=_switch_seconds(cm, cluster, workload, plan), chunks=workload.stream_chunks)
+                      switch_seconds=_switch_seconds(cm, cluster, workload, plan), chunks=workload.stream_chunks,
+                      stop=(lambda: settled(rec.step_ends, rec.step_samples, eta)) if until_settled else None)
     if record_queue:
         env.process(_sample_queue(env, ctl, engines, rec, trainer, steps))
     with bar(steps, "simulating", unit="step") as progress:
@@ -192,7 +198,7 @@ def _simulate(cluster: Cluster, workload: Workload, plan: Plan, cost_model: Cost
         fleet.flush()
         ctl.deliver()
         rec.staleness_tokens = ctl.samples.staleness_tokens()
-    return _result(rec, ctl, engines, plan, cluster, env.now)
+    return _result(rec, ctl, engines, plan, cluster, env.now, trainer.stopped if until_settled else None)
 
 
 def _samples_to_draw(workload: Workload, trained: int) -> int:
@@ -277,7 +283,7 @@ def _sample_queue(env: simpy.Environment, ctl: Controller | ref.Controller, engi
 
 def _result(
     rec: Recorder, ctl: Controller | ref.Controller, engines: list[Engine] | list[ref.Engine], plan: Plan,
-    cluster: Cluster, end: float,
+    cluster: Cluster, end: float, settled_run: bool | None = None,
 ) -> SimResult:
     steps = len(rec.step_ends)
     trained = np.concatenate(rec.trained) if rec.trained else np.empty(0, np.int64)
@@ -315,4 +321,5 @@ def _result(
         recorder=rec,
         queue_rows=tuple(rec.queue),
         dropped=ctl.ledger.dropped,
+        settled=settled_run,
     )

@@ -32,13 +32,15 @@ class Trainer:
         self, env: simpy.Environment, controller: Buffer, recorder: Recorder, steps: int,
         step_seconds: Callable[[int], tuple[float, float]], sync_seconds: float,
         push_weights: Callable[[int, float], None], name: str = "trainer", switch_seconds: float = 0.0,
-        chunks: int = 1,
+        chunks: int = 1, stop: Callable[[], bool] | None = None,
     ) -> None:
         self.env, self.ctl, self.rec = env, controller, recorder
         self.steps, self.step_seconds, self.sync_seconds = steps, step_seconds, sync_seconds
         self.push_weights, self.name = push_weights, name
         self.switch_seconds = switch_seconds  # colocated: engines hand the GPUs over and back
         self.chunks = chunks  # the step's batch is taken and trained in this many pieces
+        self.stop = stop  # asked after each step (its sync included): True ends the run before `steps`
+        self.stopped = False
         self.on_step: Callable[[], None] = lambda: None  # progress reporting
         self._wake: simpy.Event | None = None
         self._step = 0  # the step it waits to train
@@ -84,6 +86,9 @@ class Trainer:
             self.ctl.new_version(version)
             yield self.env.timeout(self.sync_seconds)
             self.rec.interval(self.name, "trainer", "sync", t2, self.env.now, version, samples)
+            if self.stop is not None and self.stop():
+                self.stopped = True
+                return
 
     def _wait_ready(self, step: int) -> Generator[simpy.Event, Any, None]:
         while not self.ctl.ready(step):

@@ -78,6 +78,39 @@ def recommended_steps(staleness: float) -> int:
     return period * (1 + max(1, -(-8 // period) - 1))
 
 
+SETTLE_TOLERANCE = 0.03  # the steady rate moved less than this over the last period: settled
+SETTLE_MIN_PERIODS = 3  # whole periods after the warm-up before a run may count as settled
+SETTLE_STEPS = 48  # steps after the warm-up a settling run simulates at most (traces.records.settle_cap)
+
+
+def settle_cap(staleness: float) -> int:
+    """The most steps a settling run simulates: the warm-up and whole periods making >= SETTLE_STEPS.
+
+    The cohorts a run admits together can finish their GRPO groups in waves longer than one period
+    (README, "the simulated figure's window": 17.46 samples/s over 18 steps, 11.35 over 60)."""
+    period = lag_bound(staleness) + 1
+    return period * (1 + max(SETTLE_MIN_PERIODS, -(-SETTLE_STEPS // period)))
+
+
+def settled(step_ends: Sequence[float], step_samples: Sequence[int], staleness: float,
+            tolerance: float = SETTLE_TOLERANCE) -> bool:
+    """Whether a run's steady rate (`steady_state`) has settled: at a period boundary after at least
+    SETTLE_MIN_PERIODS periods and 8 steps past the warm-up, the rate over all of them within
+    `tolerance` of the rate without the last period."""
+    period = lag_bound(staleness) + 1
+    steps = len(step_ends)
+    past = steps - period  # the warm-up is one period (warm_steps, once the run is 2 periods long)
+    if past < max(SETTLE_MIN_PERIODS * period, 8) or past % period:
+        return False
+
+    def rate(end: int) -> float:
+        seconds = step_ends[end - 1] - step_ends[period - 1]
+        return sum(step_samples[period:end]) / seconds if seconds > 0 else 0.0
+
+    now, before = rate(steps), rate(steps - period)
+    return before > 0 and abs(now / before - 1.0) <= tolerance
+
+
 def steady_state(step_ends: Sequence[float], step_samples: Sequence[int], staleness: float) -> tuple[int, float]:
     """(samples, seconds) trained after the warm-up steps (`warm_steps`)."""
     steps = len(step_ends)
