@@ -56,6 +56,11 @@ RUN_FILE = "run.json"
 MAX_RECORD_BYTES = 512 * 1024**2  # a long run's metrics and timeline; the cap only stops a wrong file
 
 
+def period(staleness: float) -> int:
+    """Steps between the long tails of cohorts admitted together under AReaL's rule: eta + 1."""
+    return lag_bound(staleness) + 1
+
+
 def warm_steps(staleness: float, steps: int) -> int:
     """Steps before the steady state: the first staleness + 1 (at most half the run).
 
@@ -63,7 +68,7 @@ def warm_steps(staleness: float, steps: int) -> int:
     them, long tail included: those steps are a start-up transient. The simulator and a measured
     run skip the same steps, so their throughputs compare like for like.
     """
-    return min(lag_bound(staleness) + 1, steps // 2) if steps >= 2 else 0
+    return min(period(staleness), steps // 2) if steps >= 2 else 0
 
 
 def recommended_steps(staleness: float) -> int:
@@ -74,40 +79,40 @@ def recommended_steps(staleness: float) -> int:
     the rate (at eta 4, 8 steps measured 42 samples/s where 24 steps measured 66). Warm-up eta + 1,
     then whole periods: one, or as many as make about 8 steps in all.
     """
-    period = lag_bound(staleness) + 1
-    return period * (1 + max(1, -(-8 // period) - 1))
+    every = period(staleness)
+    return every * (1 + max(1, -(-8 // every) - 1))
 
 
 SETTLE_TOLERANCE = 0.03  # the steady rate moved less than this over the last period: settled
 SETTLE_MIN_PERIODS = 3  # whole periods after the warm-up before a run may count as settled
-SETTLE_STEPS = 48  # steps after the warm-up a settling run simulates at most (traces.records.settle_cap)
+SETTLE_MIN_STEPS = 8  # and at least this many steps after it (a sync run's period is one step)
+SETTLE_STEPS = 48  # steps after the warm-up a settling run simulates at most (settle_cap)
 
 
 def settle_cap(staleness: float) -> int:
     """The most steps a settling run simulates: the warm-up and whole periods making >= SETTLE_STEPS.
 
     The cohorts a run admits together can finish their GRPO groups in waves longer than one period
-    (README, "the simulated figure's window": 17.46 samples/s over 18 steps, 11.35 over 60)."""
-    period = lag_bound(staleness) + 1
-    return period * (1 + max(SETTLE_MIN_PERIODS, -(-SETTLE_STEPS // period)))
+    (README, "the simulated figure's window")."""
+    every = period(staleness)
+    return every * (1 + max(SETTLE_MIN_PERIODS, -(-SETTLE_STEPS // every)))
 
 
 def settled(step_ends: Sequence[float], step_samples: Sequence[int], staleness: float,
             tolerance: float = SETTLE_TOLERANCE) -> bool:
     """Whether a run's steady rate (`steady_state`) has settled: at a period boundary after at least
-    SETTLE_MIN_PERIODS periods and 8 steps past the warm-up, the rate over all of them within
-    `tolerance` of the rate without the last period."""
-    period = lag_bound(staleness) + 1
+    SETTLE_MIN_PERIODS periods and SETTLE_MIN_STEPS steps past the warm-up, the rate over all of them
+    within `tolerance` of the rate without the last period."""
+    every = period(staleness)
     steps = len(step_ends)
-    past = steps - period  # the warm-up is one period (warm_steps, once the run is 2 periods long)
-    if past < max(SETTLE_MIN_PERIODS * period, 8) or past % period:
+    past = steps - every  # the warm-up is one period (warm_steps, once the run is 2 periods long)
+    if past < max(SETTLE_MIN_PERIODS * every, SETTLE_MIN_STEPS) or past % every:
         return False
-
-    def rate(end: int) -> float:
-        seconds = step_ends[end - 1] - step_ends[period - 1]
-        return sum(step_samples[period:end]) / seconds if seconds > 0 else 0.0
-
-    now, before = rate(steps), rate(steps - period)
+    rates = []
+    for end in (steps - every, steps):
+        samples, seconds = steady_state(step_ends[:end], step_samples[:end], staleness)
+        rates.append(samples / seconds if seconds > 0 else 0.0)
+    before, now = rates
     return before > 0 and abs(now / before - 1.0) <= tolerance
 
 

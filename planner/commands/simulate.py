@@ -9,7 +9,7 @@ from planner.commands.args import add_profile_arg, cost_model, emit, non_negativ
 from sim import simulate
 from traces import load_cluster, load_plan, load_workload
 from traces.io import atomic_write_bytes, atomic_write_text, check_target
-from traces.records import settle_cap
+from traces.records import SETTLE_MIN_PERIODS, SETTLE_TOLERANCE, settle_cap
 from traces.staleness import lag_bound
 
 
@@ -22,8 +22,9 @@ def register(sub: Any) -> None:
                    help="trainer steps to simulate (default 10; with --until-settled the cap, default "
                         "warm-up + about 48 steps, traces.records.settle_cap)")
     p.add_argument("--until-settled", action="store_true",
-                   help="simulate until the steady rate settles (moves < 3%% over a period, after 3 periods): "
-                        "slow steps can recur at a longer period than a short run sees")
+                   help=f"simulate until the steady rate settles (moves < {SETTLE_TOLERANCE * 100:g}%% over a period, "
+                        f"after {SETTLE_MIN_PERIODS} periods): slow steps can recur at a longer period than a "
+                        "short run sees")
     p.add_argument("--seed", type=non_negative_seed, default=0, help="random seed for response lengths (default 0)")
     p.add_argument("--token-level", action="store_true", help="one event per decode iteration (reference mode)")
     p.add_argument("--timeline", metavar="CSV", help="write the timeline (one row per interval) to this CSV")
@@ -60,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
     if args.until_settled:
         summary["steps"], summary["settled"] = ran, bool(r.settled)
         settling = [f"  settled     after {ran} steps" if r.settled else
-                    f"  settled     no: the rate still moved more than 3% per period at the cap of {steps} steps "
-                    "(raise --steps)"]
+                    f"  settled     no: the rate still moved more than {SETTLE_TOLERANCE:.0%} per period at the cap "
+                    f"of {steps} steps (raise --steps)"]
     dropped: list[str] = []
     if workload.dynamic_sampling is not None:  # generated and filtered out: the rollout work it cost
         summary["dropped_samples"] = r.dropped
