@@ -17,6 +17,7 @@ from typing import Any
 
 from planner.baselines import baselines as plan_baselines
 from planner.bounds import MAX_SIMULATIONS, PLAN_SECONDS, Deadline
+from planner.confirm import best_confirmed, confirm, unsettled_note
 from planner.explain import check_request, explain_empty
 from planner.frameworks import RULES, solver_for
 from planner.marginal import marginal_values
@@ -81,7 +82,7 @@ def plan_report(
     target: float | None = None, top_k: int = 3, cost_model: CostModel | None = None, solver: str = "auto",
     sim_steps: int | None = None, seed: int = 0, baselines: bool = True, marginal: bool = True, refine: int = 3,
     explore: int = 2, framework: str | None = None, max_seconds: float = PLAN_SECONDS,
-    max_simulations: int = MAX_SIMULATIONS, workers: int | None = None,
+    max_simulations: int = MAX_SIMULATIONS, workers: int | None = None, settle: bool = True,
 ) -> PlanReport:
     """Plan `workload` on `cluster`; see the module docstring. Raises SpecError (with the reason).
 
@@ -90,6 +91,8 @@ def plan_report(
     `framework` ("areal", "verl") searches only plans it launches (planner.frameworks); the report's
     `restriction` then holds the unrestricted plan's figures, planned and simulated the same way.
     `max_seconds` / `max_simulations`: the request's bounds (planner.bounds).
+    `settle`: the plans that can still win, and the baselines, are scored by settling runs
+    (planner.confirm); False: by the screening window alone (faster; it can overstate a plan).
     `workers`: processes simulating independent plans side by side (planner.parallel; None: one per
     core, 1: all in this process); the report is the same whatever the count."""
     cm = cost_model or CostModel()
@@ -99,7 +102,7 @@ def plan_report(
     deadline = Deadline(seconds=max_seconds, simulations=max_simulations)
     search = Search(cm, cluster, workload, objective, budget, target, solver, sim_steps, seed,
                     solver_for(framework) if framework else solve, deadline, framework=framework,
-                    sims=Simulations(workers))
+                    sims=Simulations(workers), settle=settle)
     try:
         t0 = time.perf_counter()
         cand = search.candidates()
@@ -122,15 +125,18 @@ def plan_report(
             ranked = climb(search, ranked, refine, explore)
         if objective == "cost" and target is not None and sim_steps > 0:
             ranked = meet_target(search, ranked, top_k)
-        chosen = search.pick(ranked)
+        ranked = confirm(search, ranked)
+        chosen = best_confirmed(search, ranked)
         t2 = time.perf_counter()
         spend = budget if budget is not None else chosen.solution.cost_per_hour
         base = plan_baselines(search, chosen, spend) if baselines else {}
+        base = dict(zip(base, search.settle_many(list(base.values()), where="the baselines' settling runs"),
+                        strict=True))  # compared like for like: settled as the plan is
         # A baseline that runs on this cluster in the asked mode is a plan too: never return a worse one
         # (under --framework only plans the framework launches are plans).
         rivals = [b for b in base.values() if b.plan.mode == chosen.plan.mode and within(cluster, b.plan)
                   and not framework]
-        chosen = search.pick((chosen, *rivals)) if sim_steps > 0 else chosen
+        chosen = best_confirmed(search, (chosen, *rivals)) if sim_steps > 0 else chosen
         t3 = time.perf_counter()
         # the request's own MILP answered the marginal values' base question unless it asked another
         same = objective == "throughput" and target is None and not framework and whole
@@ -138,6 +144,7 @@ def plan_report(
         t4 = time.perf_counter()
         seconds = {"solve": t1 - t0, "simulate": t2 - t1, "baselines": t3 - t2, "marginal": t4 - t3}
         predicted = {"samples_per_s": chosen.samples_per_s, "analytic_samples_per_s": chosen.solution.samples_per_s,
+                     **_window(chosen),
                      "cost_per_hour": chosen.solution.cost_per_hour, "gap": chosen.solution.gap,
                      **{f"baseline:{name}": b.samples_per_s for name, b in base.items()}}
         restriction = None
@@ -145,14 +152,14 @@ def plan_report(
             free = plan_report(cluster, workload, objective=objective, budget=budget, target=target, top_k=top_k,
                                cost_model=cm, solver=solver, sim_steps=sim_steps, seed=seed, baselines=False,
                                marginal=False, refine=refine, explore=explore, max_seconds=max(deadline.left(), 1.0),
-                               max_simulations=max_simulations, workers=workers)
+                               max_simulations=max_simulations, workers=workers, settle=settle)
             restriction = {"framework": framework, "rule": RULES[framework],
                            "unrestricted_samples_per_s": free.chosen.samples_per_s,
                            "unrestricted_cost_per_hour": free.chosen.solution.cost_per_hour}
             predicted["unrestricted:samples_per_s"] = free.chosen.samples_per_s
         plan = chosen.plan.model_copy(update={"predicted": predicted})
         chosen = dataclasses.replace(chosen, plan=plan)
-        notes = (deadline.hit,) if deadline.hit else ()
+        notes = tuple(n for n in (deadline.hit, unsettled_note(search, ranked, chosen)) if n)
         return PlanReport(plan, chosen, ranked, base, values, objective, budget, target, seconds, cluster, restriction,
                           notes)
     finally:
@@ -163,6 +170,14 @@ def plan(cluster: Cluster, workload: Workload, objective: Objective = "throughpu
          top_k: int = 3, **kw: Any) -> Plan:
     """The best plan (its `predicted` holds analytic and simulated figures and the baselines')."""
     return plan_report(cluster, workload, objective=objective, budget=budget, top_k=top_k, **kw).plan
+
+
+def _window(chosen: Scored) -> dict[str, float]:
+    """The simulated figure's window: steps simulated, and 1.0 / 0.0 whether a settling run settled."""
+    sim = chosen.simulated
+    if sim is None:
+        return {}
+    return {"sim_steps": float(len(sim.step_times))} | ({} if sim.settled is None else {"settled": float(sim.settled)})
 
 
 def within(cluster: Cluster, plan: Plan) -> bool:

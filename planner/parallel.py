@@ -33,13 +33,19 @@ class SimJob:
     steps: int
     seed: int
     wall_seconds: float
+    until_settled: bool = False  # `steps` is a settling run's cap (sim.simulate)
+
+    def key(self) -> str:
+        """The placement simulated (fleet, job, plan): seeded, the same key is the same result."""
+        return f"{self.cluster.model_dump_json()}|{self.workload.model_dump_json()}|{self.plan.model_dump_json()}"
 
 
 def run_job(job: SimJob) -> SimResult | SpecError:
     """The job's simulation, or the SpecError it raised (returned: the caller decides, in order)."""
     try:
         return simulate(job.cluster, job.workload, job.plan, job.cm, steps=job.steps, seed=job.seed,
-                        record_queue=False, wall_seconds=job.wall_seconds)
+                        record_queue=False, wall_seconds=job.wall_seconds,
+                        until_settled=job.until_settled)
     except SpecError as err:
         return err
 

@@ -9,7 +9,7 @@
   re-cut into the next TP (the analytic model prefers low-TP engines for their samples/s per GPU;
   in simulation a long tail can favour a few higher-TP engines, or leaving slow engines out).
 - `meet_target`: under a cost objective, re-solve with the analytic target raised by the simulated
-  shortfall until a plan meets the target in simulation, or refuse in one line.
+  shortfall until a plan meets the target in simulation (settled: planner.confirm), or refuse in one line.
 Each stops at the request's bounds (planner.bounds) and keeps what it found.
 """
 
@@ -20,6 +20,7 @@ import itertools
 import math
 
 from planner.candidates import Candidates, EngineOption
+from planner.confirm import confirm
 from planner.frameworks import launches
 from planner.milp import Solution, evaluate
 from planner.scoring import Scored, Search, Trial
@@ -221,14 +222,17 @@ def explore_engines(search: Search, ranked: tuple[Scored, ...], rounds: int) -> 
 
 def meet_target(search: Search, ranked: tuple[Scored, ...], top_k: int, rounds: int = 4) -> tuple[Scored, ...]:
     """Cost objective: re-solve with the analytic target raised by the simulated shortfall until a
-    plan meets the target in simulation; SpecError (one line, with the best found) if none does."""
+    plan meets the target in simulation (its settled figure: planner.confirm), or SpecError (one
+    line, with the best found) if none does."""
     target = search.target
     assert target is not None, "a cost objective has a target (planner.explain.check_request)"
     out, asked = list(ranked), target
     for _ in range(rounds):
-        if any(s.samples_per_s >= target for s in out):
+        out = list(confirm(search, tuple(out), where="the cost target's settling runs"))
+        judged = _judged(search, out)
+        if any(s.samples_per_s >= target for s in judged):
             return tuple(out)
-        best = max(out, key=lambda s: s.samples_per_s / max(s.solution.samples_per_s, 1e-12))
+        best = max(judged, key=lambda s: s.samples_per_s / max(s.solution.samples_per_s, 1e-12))
         ratio = best.samples_per_s / best.solution.samples_per_s if best.solution.samples_per_s > 0 else 0.0
         asked = max(asked * 1.05, target / ratio if ratio > 0 else math.inf)
         if not math.isfinite(asked) or search.deadline.expired("the cost target's re-solves"):
@@ -241,10 +245,17 @@ def meet_target(search: Search, ranked: tuple[Scored, ...], top_k: int, rounds: 
         out.extend(s for s in more if s is not None)
         if None in more:
             break
-    if any(s.samples_per_s >= target for s in out):
+    out = list(confirm(search, tuple(out), where="the cost target's settling runs"))
+    judged = _judged(search, out)
+    if any(s.samples_per_s >= target for s in judged):
         return tuple(out)
-    top = max(out, key=lambda s: s.samples_per_s)
+    top = max(judged, key=lambda s: s.samples_per_s)
     bound = f" ({search.deadline.hit})" if search.deadline.hit else ""
     raise SpecError(f"no plan meets the target of {target:g} samples/s in simulation: the best found reaches "
                     f"{top.samples_per_s:.1f} at ${top.solution.cost_per_hour:,.2f}/h{bound}; lower --target, raise "
                     "--budget or add GPUs")
+
+
+def _judged(search: Search, out: list[Scored]) -> list[Scored]:
+    """The plans a target is judged on: the settled ones (all, when settling is off or none settled)."""
+    return [s for s in out if s.confirmed] or out

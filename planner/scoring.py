@@ -12,6 +12,7 @@ and independent simulations in processes (`solve_many`, `score_many`; planner.pa
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from planner.parallel import SimJob, Simulations
 from planner.placement import reprice_sync, to_plan
 from sim import SimResult
 from traces import Cluster, CostModel, Plan, SpecError, Workload
+from traces.records import settle_cap
 
 SolveFn = Callable[..., list[Solution]]  # planner.milp.solve's signature (or a framework's restriction of it)
 
@@ -37,15 +39,25 @@ class Scored:
     solution: Solution
     simulated: SimResult | None
     cand: Candidates = field(repr=False, compare=False)  # the options it was solved from (pool indices)
+    job: SimJob | None = field(default=None, repr=False, compare=False)  # the screening simulation
+    screened: SimResult | None = field(default=None, repr=False, compare=False)  # before a settling run replaced it
 
     @property
     def samples_per_s(self) -> float:
         return self.simulated.samples_per_s if self.simulated is not None else self.solution.samples_per_s
 
+    @property
+    def confirmed(self) -> bool:
+        """Whether its figure is a settling run's (Search.settle_many), not the screening window's."""
+        return self.simulated is not None and self.simulated.settled is not None
+
     def row(self) -> dict[str, Any]:
+        sim = self.simulated
         return {"name": self.name, "samples_per_s": self.samples_per_s,
                 "analytic_samples_per_s": self.solution.samples_per_s, "cost_per_hour": self.solution.cost_per_hour,
-                "gpus": self.plan.gpus_by_type, "mode": self.plan.mode}
+                "gpus": self.plan.gpus_by_type, "mode": self.plan.mode,
+                "sim_steps": len(sim.step_times) if sim is not None else 0, "settled": sim.settled if sim else None,
+                "screened_samples_per_s": self.screened.samples_per_s if self.screened is not None else None}
 
 
 @dataclass(frozen=True)
@@ -83,7 +95,9 @@ class Search:
     deadline: Deadline = field(default_factory=Deadline)
     framework: str | None = None  # --framework: searches keep to the plans it launches (planner.frameworks)
     sims: Simulations = field(default_factory=lambda: Simulations(1), repr=False)
+    settle: bool = True  # confirm the plans a request reports with settling runs (planner.confirm)
     _seen: dict[str, Scored] = field(default_factory=dict, repr=False)
+    _settled: dict[str, SimResult] = field(default_factory=dict, repr=False)
     _options: dict[str, Candidates] = field(default_factory=dict, repr=False)
     _solved: dict[tuple[object, ...], list[Solution]] = field(default_factory=dict, repr=False)
 
@@ -143,10 +157,10 @@ class Search:
             if self.sim_steps <= 0:
                 out[i] = Scored(t.name, plan, sol, None, t.cand)
                 continue
-            run = for_mode(workload, sol.mode)
-            key = f"{cluster.model_dump_json()}|{run.model_dump_json()}|{plan.model_dump_json()}"
+            job = SimJob(cluster, for_mode(workload, sol.mode), plan, self.cm, self.sim_steps, self.seed, 0.0)
+            key = job.key()
             if key in self._seen:
-                out[i] = Scored(t.name, plan, sol, self._seen[key].simulated, t.cand)
+                out[i] = Scored(t.name, plan, sol, self._seen[key].simulated, t.cand, self._seen[key].job)
                 continue
             if key in todo:  # the same placement twice in one batch: simulated once
                 todo[key][1].append((i, t, plan, sol))
@@ -154,24 +168,57 @@ class Search:
             if not (self.deadline.may_simulate(where) if counted else not self.deadline.expired(where)):
                 break  # as one at a time: nothing after the first refusal is simulated
             self.deadline.simulated += counted
-            job = SimJob(cluster, run, plan, self.cm, self.sim_steps, self.seed, max(self.deadline.left(), 1.0))
-            todo[key] = (job, [(i, t, plan, sol)])
+            todo[key] = (dataclasses.replace(job, wall_seconds=max(self.deadline.left(), 1.0)), [(i, t, plan, sol)])
         results = self.sims.run([job for job, _ in todo.values()])
-        for (key, (_, uses)), result in zip(todo.items(), results, strict=True):
+        for (key, (job, uses)), result in zip(todo.items(), results, strict=True):
             if isinstance(result, SpecError):
                 if self.deadline.expired(where):  # cut short by the request's clock, not by the plan
                     continue
                 raise result
             for i, t, plan, sol in uses:
-                out[i] = Scored(t.name, plan, sol, result, t.cand)
+                out[i] = Scored(t.name, plan, sol, result, t.cand, job)
             self._seen[key] = out[uses[0][0]]  # type: ignore[assignment]
+        return out
+
+    def settle_many(self, scored: list[Scored], *, where: str) -> list[Scored]:
+        """Each simulated plan again, as a settling run (sim.simulate's until_settled: the rate
+        after the warm-up measured until it stops moving, capped at traces.records.settle_cap),
+        side by side; each placement once per request. A plan the request's clock stops keeps
+        its screening figure (and the report's notes say where the clock stopped)."""
+        out = list(scored)
+        todo: dict[str, tuple[SimJob, list[int]]] = {}
+        for i, s in enumerate(scored):
+            if s.job is None or s.confirmed or not self.settle:
+                continue
+            key = s.job.key()
+            if key in self._settled:
+                out[i] = dataclasses.replace(s, simulated=self._settled[key], screened=s.simulated)
+            elif key in todo:
+                todo[key][1].append(i)
+            elif not self.deadline.expired(where):
+                run = s.job.workload
+                cap = settle_cap(run.staleness if run.mode == "async" else 0)
+                todo[key] = (dataclasses.replace(s.job, steps=cap, until_settled=True,
+                                                 wall_seconds=max(self.deadline.left(), 1.0)), [i])
+        results = self.sims.run([job for job, _ in todo.values()])
+        for (key, (_, uses)), result in zip(todo.items(), results, strict=True):
+            if isinstance(result, SpecError):
+                if self.deadline.expired(where):
+                    continue
+                raise result
+            self._settled[key] = result
+            for i in uses:
+                out[i] = dataclasses.replace(scored[i], simulated=result, screened=scored[i].simulated)
         return out
 
     def pick(self, ranked: tuple[Scored, ...] | list[Scored]) -> Scored:
         """The request's best: most samples/s, or the cheapest meeting the target (else the fastest)."""
+        return min(ranked, key=self.preference)
+
+    def preference(self, s: Scored) -> tuple[float, ...]:
+        """`pick`'s order as a sort key (the plan pick takes sorts first; the first of equals)."""
         if self.objective == "throughput":
-            return max(ranked, key=lambda s: (s.samples_per_s, -s.solution.cost_per_hour))
-        meets = [s for s in ranked if self.target is None or s.samples_per_s >= self.target]
-        if meets:
-            return min(meets, key=lambda s: (s.solution.cost_per_hour, -s.samples_per_s))
-        return max(ranked, key=lambda s: s.samples_per_s)
+            return (-s.samples_per_s, s.solution.cost_per_hour)
+        if self.target is None or s.samples_per_s >= self.target:
+            return (0.0, s.solution.cost_per_hour, -s.samples_per_s)
+        return (1.0, -s.samples_per_s, 0.0)

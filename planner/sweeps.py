@@ -31,7 +31,7 @@ def pareto(cluster: Cluster, workload: Workload, *, points: int = 8, cost_model:
     """Min-cost plans for targets from 10% to 100% of the fleet's analytic maximum.
 
     The frontier is the MILP's (analytic): `samples_per_s` is what the analytic model promises. With
-    `sim_steps` > 0 each point is also simulated (`simulated_samples_per_s`), so a frontier that
+    `sim_steps` > 0 each point is also simulated (`simulated_samples_per_s`, by a settling run), so a frontier that
     disagrees with `plan`'s simulated answer says so in its own table. Points run on `executor`.
     """
     cm = cost_model or CostModel()
@@ -73,8 +73,8 @@ def _pareto_point(frontier: _Frontier, target: float) -> dict[str, Any] | None:
     row = {"target": target, "samples_per_s": s.samples_per_s, "cost_per_hour": s.cost_per_hour,
            "cost_per_1k_samples": s.cost_per_hour / 3.6 / s.samples_per_s, "gap": s.gap}
     scored = search.score("pareto", cand, s, where="the pareto sweep") if search.sim_steps > 0 else None
-    if scored is not None:
-        row["simulated_samples_per_s"] = scored.samples_per_s
+    if scored is not None:  # settled, as `plan` judges its answer (planner.confirm)
+        row["simulated_samples_per_s"] = search.settle_many([scored], where="the pareto sweep")[0].samples_per_s
     return {**row, **_gpu_columns(to_plan(search.cluster, search.workload, cand, s))}
 
 

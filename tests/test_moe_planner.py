@@ -59,8 +59,9 @@ def test_trainer_options_take_ep_where_it_pays() -> None:
 
 def test_plan_on_a_mixed_fleet_chooses_ep_and_prints_it(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "plan.json"
+    # judged on a 4-step screening window alone (--no-settle), where EP wins on this fleet; settled, it does not
     res = cli("plan", "--cluster", str(CLUSTER), "--workload", str(WORKLOAD), "--no-baselines", "--quiet",
-              "--sim-steps", "4", "--top-k", "2", "--out", str(out))
+              "--sim-steps", "4", "--top-k", "2", "--no-settle", "--out", str(out))
     assert res.code == 0, res.err
     plan = Plan.from_json(out.read_text())
     ep_groups = [g for g in plan.rollout if g.ep > 1]

@@ -36,6 +36,10 @@ def register(sub: Any) -> None:
     p.add_argument("--sim-steps", type=positive_int, default=None,
                    help="trainer steps per simulation (default: warm-up plus one steady period, 2 (staleness + 1), "
                         "at least 8)")
+    p.add_argument("--no-settle", action="store_true",
+                   help="score the answer and the baselines over the screening window alone (faster; it can overstate "
+                        "a plan whose slow steps recur less often than every staleness + 1 steps) instead of "
+                        "confirming them with settling runs (see `rlfleet simulate --until-settled`)")
     p.add_argument("--seed", type=non_negative_seed, default=0, help="simulation seed (default 0)")
     p.add_argument("--solver", choices=("auto", "highs", "cbc"), default="auto", help="MILP solver (default auto)")
     p.add_argument("--no-baselines", action="store_true", help="skip planning and simulating the baselines")
@@ -83,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.json and sys.stderr.isatty():
         sys.stderr.write("planning: solving the MILP, then simulating the top plans and baselines...\n")
     alone = {"top_k": 1, "sim_steps": 0, "baselines": False, "marginal": False, "refine": 0, "explore": 0}
-    asked = {"top_k": args.top_k, "sim_steps": args.sim_steps, "baselines": not args.no_baselines}
+    asked = {"top_k": args.top_k, "sim_steps": args.sim_steps, "baselines": not args.no_baselines,
+             "settle": not args.no_settle}
     report = plan_report(cluster, workload, objective=args.objective, budget=args.budget, target=args.target,
                          solver=args.solver, seed=args.seed, cost_model=cost_model(args), framework=args.framework,
                          max_seconds=args.max_seconds, max_simulations=args.max_simulations,
@@ -114,9 +119,11 @@ def _lines(report: Any, summary: dict[str, Any], args: argparse.Namespace) -> li
     lines.append(f"  trainer   {t.gpus} {t.gpu_type}: dp{t.dp} tp{t.tp} pp{t.pp}{ep}, ZeRO-{t.zero_stage}, "
                  f"{t.recompute} recompute{_nodes(t.nodes)}")
     bound = f"(LP bound {s.lp_bound:.2f}, gap {s.gap:.2%})"
-    if report.chosen.simulated is not None:
-        lines.append(f"  throughput {summary['samples_per_s']:.2f} samples/s simulated, {s.samples_per_s:.2f} analytic "
-                     + bound)
+    sim = report.chosen.simulated
+    if sim is not None:
+        window = {None: "screened", True: "settled", False: "not settled"}[sim.settled]
+        lines.append(f"  throughput {summary['samples_per_s']:.2f} samples/s simulated ({window}, "
+                     f"{len(sim.step_times)} steps), {s.samples_per_s:.2f} analytic " + bound)
     else:
         lines.append(f"  throughput {s.samples_per_s:.2f} samples/s analytic, not simulated {bound}")
     lines.append(f"  cost      ${s.cost_per_hour:,.2f}/h, ${summary['cost_per_1k_samples']:.3f} per 1k samples")
