@@ -73,13 +73,22 @@ def _layout(text: str) -> dict[str, int]:
     return found
 
 
+# Share of the dense fp8 peak a large fp8 GEMM reaches, measured: ml-engineering's Maximum Achievable
+# Matmul FLOPS table, FP8 (float8_e4m3fn) (github.com/stas00/ml-engineering @744d01e,
+# compute/accelerator/README.md): H100 SXM 1402.6 of 1979, H200 1453.4 of 1979, B200 3432.5 of 4500,
+# B300 3353.3 of 4500, GB200 3615.6 of 5000. GPUs it does not measure keep their bf16 ceiling.
+FP8_MATMUL_CEILING = {"H100": 0.709, "H800": 0.709, "H200": 0.734, "B200": 0.763, "B300": 0.745, "GB200": 0.723}
+
+
 def _precision(row: CalibrationRow, model: ModelSpec, gpu: GpuType) -> tuple[ModelSpec, GpuType]:
     """fp8 rows: weights (and, as bytes_per_param sets both, the KV cache) of one byte and twice the
-    dense bf16 matmul peak (Hopper, Ada and Blackwell datasheets: fp8 dense = 2x bf16 dense)."""
+    dense bf16 matmul peak (Hopper, Ada and Blackwell datasheets: fp8 dense = 2x bf16 dense), at the
+    measured fp8 share of it (FP8_MATMUL_CEILING) where there is one."""
     if row.precision != "fp8":
         return model, gpu
+    ceiling = FP8_MATMUL_CEILING.get(gpu.name, gpu.matmul_ceiling)
     return (model.model_copy(update={"bytes_per_param": 1.0}),
-            gpu.model_copy(update={"bf16_tflops": 2 * gpu.bf16_tflops}))
+            gpu.model_copy(update={"bf16_tflops": 2 * gpu.bf16_tflops, "matmul_ceiling": ceiling}))
 
 
 def _source_gpu(row: CalibrationRow, gpu: GpuType) -> GpuType:
