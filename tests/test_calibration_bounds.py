@@ -11,6 +11,7 @@ from traces import CostModel, get_gpu, get_model
 from traces.calibration import load_calibration
 from traces.costmodel import DEFAULT_EFFICIENCY
 from traces.costmodel.fit import Case, fit
+from traces.errors import SpecError
 
 START = replace(DEFAULT_EFFICIENCY, matmul=0.5, prefill_overhead_s=0.0)
 GPU, MODEL = get_gpu("A100-80G"), get_model("llama-2-7b")
@@ -38,6 +39,11 @@ def test_a_crossed_upper_bound_pulls_the_prediction_under_it() -> None:
     got = fit([bound], ["matmul"], start=START).matmul
     assert got > 0.79 and bound.miss(_at(got)) < 0.01
     assert bound.miss(_at(0.5)) == pytest.approx(_at(0.5) / _at(0.8) - 1)
+
+
+def test_an_unknown_bound_is_refused() -> None:
+    with pytest.raises(SpecError, match="bound"):
+        Case("b", "src", "prefill", 1.0, _prefill, bound="lower")
 
 
 def test_lmdeploy_max_first_token_rows_are_upper_bounds() -> None:

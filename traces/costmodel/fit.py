@@ -60,6 +60,10 @@ class Case:
     # misses by how far it exceeds it. "": a point measurement.
     bound: str = ""
 
+    def __post_init__(self) -> None:
+        if self.bound not in ("", "upper"):
+            raise SpecError(f"case {self.id}: bound {self.bound!r} is not known; use 'upper' or leave it empty")
+
     def error(self, cm: CostModel) -> float:
         """Signed relative error of the prediction: predicted / measured - 1."""
         return self.predict(cm) / self.measured - 1.0
