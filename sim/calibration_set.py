@@ -47,6 +47,11 @@ SOURCE_HBM_TB_PER_S = {"gpt-fast": 1.7}
 # Layouts the row gives only by reference (Megatron-LM README's scaling table, as tests/calibration_cases.py).
 MEGATRON_175B = {"tp": 8, "pp": 12, "vp": 4}
 SHAREGPT_PROMPT, SHAREGPT_SIGMA = 240.0, 1.0  # ShareGPT: ~240-token prompts, lognormal answers
+# Rows whose figure bounds the prediction from above rather than measuring it, by their `where`:
+# LMDeploy's FTL(max) of prompts sent together is the last first token, after every prompt's prefill
+# and whatever decode of the early ones the engine interleaved (its FTL(min) of 0.143 s for C21 is one
+# prompt's prefill), so the batch's prefill takes at most that long.
+UPPER_BOUND_WHERE = ("FTL(max)",)
 
 
 @dataclass(frozen=True)
@@ -68,13 +73,22 @@ def _layout(text: str) -> dict[str, int]:
     return found
 
 
+# Share of the dense fp8 peak a large fp8 GEMM reaches, measured: ml-engineering's Maximum Achievable
+# Matmul FLOPS table, FP8 (float8_e4m3fn) (github.com/stas00/ml-engineering @744d01e,
+# compute/accelerator/README.md): H100 SXM 1402.6 of 1979, H200 1453.4 of 1979, B200 3432.5 of 4500,
+# B300 3353.3 of 4500, GB200 3615.6 of 5000. GPUs it does not measure keep their bf16 ceiling.
+FP8_MATMUL_CEILING = {"H100": 0.709, "H800": 0.709, "H200": 0.734, "B200": 0.763, "B300": 0.745, "GB200": 0.723}
+
+
 def _precision(row: CalibrationRow, model: ModelSpec, gpu: GpuType) -> tuple[ModelSpec, GpuType]:
     """fp8 rows: weights (and, as bytes_per_param sets both, the KV cache) of one byte and twice the
-    dense bf16 matmul peak (Hopper, Ada and Blackwell datasheets: fp8 dense = 2x bf16 dense)."""
+    dense bf16 matmul peak (Hopper, Ada and Blackwell datasheets: fp8 dense = 2x bf16 dense), at the
+    measured fp8 share of it (FP8_MATMUL_CEILING) where there is one."""
     if row.precision != "fp8":
         return model, gpu
+    ceiling = FP8_MATMUL_CEILING.get(gpu.name, gpu.matmul_ceiling)
     return (model.model_copy(update={"bytes_per_param": 1.0}),
-            gpu.model_copy(update={"bf16_tflops": 2 * gpu.bf16_tflops}))
+            gpu.model_copy(update={"bf16_tflops": 2 * gpu.bf16_tflops, "matmul_ceiling": ceiling}))
 
 
 def _source_gpu(row: CalibrationRow, gpu: GpuType) -> GpuType:
@@ -251,4 +265,5 @@ def case(row: CalibrationRow) -> Case | Skipped:
 def _judged(row: CalibrationRow, predict: Callable[[CostModel], float] | str) -> Case | Skipped:
     if isinstance(predict, str):
         return Skipped(row.id, predict)
-    return Case(row.id, row.source_key, row.kind, row.value, predict, fitted=row.kind != "rl_step")
+    bound = "upper" if any(w in row.where for w in UPPER_BOUND_WHERE) else ""
+    return Case(row.id, row.source_key, row.kind, row.value, predict, fitted=row.kind != "rl_step", bound=bound)

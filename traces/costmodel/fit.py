@@ -8,7 +8,8 @@ towards its start (one more residual per field, `prior_weight` x log(value / sta
 in log space, i.e. ridge regression), so that a field few rows constrain, or two fields that trade
 against each other (train_matmul and train_half_tokens), stay near a sensible value instead of
 running to a bound (a field off by default is not held). An error is only known on data the fit
-did not see: `leave_one_source_out` refits without each source in turn and predicts it.
+did not see: `leave_one_source_out` refits without each source in turn and predicts it. A case
+that is an upper bound (Case.bound) costs nothing while the prediction stays below it.
 """
 
 from __future__ import annotations
@@ -54,10 +55,23 @@ class Case:
     measured: float
     predict: Callable[[CostModel], float] = field(repr=False, compare=False)
     fitted: bool = True  # False: judged only (e.g. RL steps, too costly to simulate inside a fit)
+    # "upper": the measured figure bounds the prediction from above (e.g. the last first-token time of
+    # prompts sent together bounds their prefill): a prediction at or below it is no error, one above
+    # misses by how far it exceeds it. "": a point measurement.
+    bound: str = ""
+
+    def __post_init__(self) -> None:
+        if self.bound not in ("", "upper"):
+            raise SpecError(f"case {self.id}: bound {self.bound!r} is not known; use 'upper' or leave it empty")
 
     def error(self, cm: CostModel) -> float:
         """Signed relative error of the prediction: predicted / measured - 1."""
         return self.predict(cm) / self.measured - 1.0
+
+    def miss(self, predicted: float) -> float:
+        """How far `predicted` misses: the signed relative error, or for a bound how far it crosses it (0 inside)."""
+        err = predicted / self.measured - 1.0
+        return max(err, 0.0) if self.bound == "upper" else err
 
 
 def _model(eff: Efficiency, tables: ProfileTable | None) -> CostModel:
@@ -97,7 +111,8 @@ def fit(cases: Sequence[Case], fields: Iterable[str], *, start: Efficiency = DEF
 
     def residuals(x: np.ndarray) -> np.ndarray:
         cm = _model(efficiency(x), tables)
-        data = np.array([math.log(max(c.predict(cm), 1e-30) / c.measured) for c in used])
+        logs = [math.log(max(c.predict(cm), 1e-30) / c.measured) for c in used]
+        data = np.array([max(v, 0.0) if c.bound == "upper" else v for c, v in zip(used, logs, strict=True)])
         return np.concatenate([data, prior_weight * (x - prior_at)[held]]) if prior_weight > 0 else data
 
     found = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, max_nfev=max_evals,
@@ -125,7 +140,8 @@ def _constrained(cases: Sequence[Case], names: Sequence[str], start: Efficiency,
 
 @dataclass(frozen=True)
 class Judged:
-    """A case's error under the fit on everything, and under the fit without its source."""
+    """A case's error (Case.miss: 0 inside a bound) under the fit on everything, and under the fit
+    without its source."""
 
     case: Case
     predicted: float
@@ -153,7 +169,7 @@ def leave_one_source_out(cases: Sequence[Case], fields: Iterable[str], *, start:
         cm_held = _model(held, tables)
         for c in mine:
             p, q = c.predict(cm_full), c.predict(cm_held)
-            judged.append(Judged(c, p, p / c.measured - 1.0, q, q / c.measured - 1.0))
+            judged.append(Judged(c, p, c.miss(p), q, c.miss(q)))
     order = {c.id: i for i, c in enumerate(cases)}
     judged.sort(key=lambda j: order[j.case.id])
     return full, judged
