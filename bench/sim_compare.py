@@ -35,6 +35,7 @@ REL = 1e-9
 
 def cases() -> dict[str, tuple[Any, ...]]:
     """name -> (cluster, workload, plan, steps, seed, record_queue)."""
+    from bench import small_fleet
     from bench.sim_speed import CLUSTER as BENCH_CLUSTER
     from bench.sim_speed import PLAN as BENCH_PLAN
     from bench.sim_speed import WORKLOAD as BENCH_WORKLOAD
@@ -87,6 +88,10 @@ def cases() -> dict[str, tuple[Any, ...]]:
     out["mixed-fleet"] = (cluster, workload(longtail, "async", 1, True, prompts=96, model="qwen2.5-7b"), mixed, 6, 1,
                           True)
     out["bench-3steps"] = (BENCH_CLUSTER, BENCH_WORKLOAD, BENCH_PLAN, 3, 0, False)
+    # small busy fleets (bench/small_fleet.py, issue 19): one completion at a time, on the per-engine path
+    for name, case in small_fleet.CASES.items():
+        for seed in (0, 7):
+            out[f"small-{name}-s{seed}"] = (*case(), 5, seed, True)
     return out
 
 
