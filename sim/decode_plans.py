@@ -16,6 +16,7 @@ import numpy as np
 
 from sim.decode_tables import DecodeStack, DecodeTable, stack_of
 from sim.kernels.decode_plans import engine_keys, first_jump, plan_sorted
+from sim.kernels.decode_sums import stop_one
 
 
 @dataclass(slots=True)
@@ -171,6 +172,17 @@ class DecodeCut:
     jumps: int
     iterations: int
     rest: float
+
+
+def cut_one(plan: DecodePlan, table: DecodeTable, now: float) -> DecodeCut:
+    """`cuts_of` for one decode plan: the same kernel (stop_one is what stop_after runs per jump),
+    on plain numbers instead of arrays of one."""
+    ends = plan.ends
+    j = (1 if ends[0] <= now else 0) if len(ends) == 1 else int(ends.searchsorted(now, "right"))
+    start = float(ends[j - 1]) if j else plan.t0
+    done, rest = stop_one(table.base_arr, table.slope_arr, table.ds, int(plan.b[j]), float(plan.s[j]), int(plan.k[j]),
+                          now - start)
+    return DecodeCut(j, int(done), float(rest))
 
 
 def cuts_of(plans: list[tuple[DecodePlan, DecodeTable]], now: float) -> list[DecodeCut]:

@@ -112,10 +112,18 @@ class Engine:
         held = self.fleet.held_load(self.index)
         if held is not None:
             return held + len(self.waiting) + len(self.inbox)
-        self.catch_up()
-        running = len(self.batch)
-        if self._plan is not None:  # samples whose jump has ended are gone already
-            running -= self._plan.completed_before(int(self._plan.ends.searchsorted(self.env.now, "right")))
+        return self.own_load(self.env.now)
+
+    def own_load(self, now: float) -> int:
+        """`load` of an engine that holds its own state (not parked, not loading: the fleet checks)."""
+        if self._phases is not None:
+            self.catch_up()
+        running = len(self.batch.sid)
+        plan = self._plan
+        if plan is not None:  # samples whose jump has ended are gone already
+            ends = plan.ends
+            j = (1 if ends[0] <= now else 0) if len(ends) == 1 else int(ends.searchsorted(now, "right"))
+            running -= plan.completed_before(j)
         return running + len(self.waiting) + len(self.inbox)
 
     def queued(self) -> int:

@@ -15,7 +15,7 @@ import simpy
 
 from sim.clock import timeout_at
 from sim.controller import Controller
-from sim.decode_plans import Batch, DecodeCut, DecodePlan, cuts_of, decode_plans_of, first_jump_plan
+from sim.decode_plans import Batch, DecodeCut, DecodePlan, cut_one, cuts_of, decode_plans_of, first_jump_plan
 from sim.engine import Engine
 from sim.engine_groups import Loading
 from sim.fleet_state import LOADING, OWN, PARKED, EngineConstants, EngineTable
@@ -153,6 +153,10 @@ class Fleet:
 
     def cut(self, engine: Engine, plan: DecodePlan) -> DecodeCut:
         """Where the engine's interrupted decode plan stops; worked out for all interrupted in this instant."""
+        if len(self._interrupted) == 1 and not self._cuts and self._interrupted[0][0] is engine:
+            # a busy small fleet: one engine interrupted at a time (the router refilled its freed slot)
+            (_, noted), self._interrupted = self._interrupted[0], []
+            return cut_one(noted, engine.decode, self.env.now)
         if id(engine) not in self._cuts:
             now = self.env.now
             todo = [(e, p) for e, p in self._interrupted if id(e) not in self._cuts]
@@ -207,8 +211,13 @@ class Fleet:
         for g in self._to_lay_out:
             loads[g.engines] = g.count + g.inbox_count
             member[g.engines] = True
-        for i in np.flatnonzero(acc & ~member).tolist():
-            loads[i] = self.engines[i].load()
+        own = np.flatnonzero(acc & ~member)
+        if len(own):
+            # a busy fleet routes at every completion: Engine.load's arithmetic inline, one pass of
+            # plain Python over the engines, one write into the array
+            engines, now, where = self.engines, self.env.now, self.table.where[own].tolist()
+            loads[own] = [engines[i].load() if w != OWN else engines[i].own_load(now)
+                          for i, w in zip(own.tolist(), where, strict=True)]
         return acc, loads
 
     def same_weights(self, engine: np.ndarray, version: np.ndarray) -> np.ndarray:
