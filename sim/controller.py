@@ -229,6 +229,11 @@ class Controller:
 
     def _retime(self) -> None:
         self._timer += 1
+        if self._retime_pending:
+            # `_retime_now` comes later this instant and voids a timer set now (a newer generation): it
+            # sets the timer then, from the filings as they are by then (a busy fleet's dispatch watches
+            # after every completion, and its engine's filing has asked for a retime already)
+            return
         when = self.pool.kth_time(self._short)
         if when < float("inf"):
             generation = self._timer

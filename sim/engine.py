@@ -96,7 +96,8 @@ class Engine:
     @property
     def update(self) -> tuple[int, float] | None:
         """A pending weight update: (version, time the new weights are in), or None."""
-        return self._table.update_of(self.index)
+        v = self._table.update_version[self.index]  # EngineTable.update_of inline: read at every decision
+        return None if v < 0 else (int(v), float(self._table.update_ready[self.index]))
 
     @update.setter
     def update(self, request: tuple[int, float] | None) -> None:
@@ -236,14 +237,20 @@ class Engine:
 
     def quiet(self) -> bool:
         """Nothing but an interrupt can reach this engine: it may decide past its next decisions."""
-        return self.update is None and self.controller.allowance() <= 0
+        return self._table.update_version[self.index] < 0 and self.controller.allowance() <= 0
 
     def _run(self, sg: Segment) -> Generator[simpy.Event, Any, bool]:
         """Carry out a segment; an update arriving during a prefill voids the rest. False: idle."""
-        n = int(sg.plan.done.sum()) if sg.plan is not None else 0
-        if n:
-            sg.plan.part = self.controller.file(np.repeat(sg.plan.ends, sg.plan.done) + self.reward_seconds,
-                                                sg.plan.batch.sid[:n], self.version)
+        plan = sg.plan
+        if plan is not None:
+            if len(plan.done) == 1:  # a first jump (busy small fleets): its completions share one time
+                n = int(plan.done[0])
+                times = np.full(n, float(plan.ends[0]) + self.reward_seconds) if n else None
+            else:
+                n = int(plan.done.sum())
+                times = np.repeat(plan.ends, plan.done) + self.reward_seconds if n else None
+            if times is not None:
+                plan.part = self.controller.file(times, plan.batch.sid[:n], self.version)
         if sg.quiet and sg.plan is not None:
             # its prefills need no events of their own: they happen inside the decode plan's one wait, and
             # are recorded as time passes them (`catch_up`)
