@@ -51,7 +51,7 @@ def decide_admission(s: Samples, waiting: deque[int], inbox: np.ndarray, running
         fits = fits_kv(context, s.prompt[head], room)  # routed samples have generated nothing yet
         if running == 0 and not new and len(head):
             fits[0] = True  # an empty engine always takes one, however long
-        n = len(head) if fits.all() else int(np.argmin(fits))
+        n = len(head) if (fits[0] if len(fits) == 1 else fits.all()) else int(np.argmin(fits))  # one: no reduction
         ids = np.concatenate((ids, head[:n])) if new else head[:n]
         if n < len(head):
             waiting = deque([int(head[n])])

@@ -54,7 +54,10 @@ class CompletionPool:
     def file(self, times: np.ndarray, sids: np.ndarray) -> int:
         """One engine's completions: one part (its id is returned)."""
         part = self._new_parts(1)
-        self._file(times, sids, part, EMPTY, EMPTY)
+        at = self._room_for(len(times))
+        if at is not None:  # `_file` for one part (every completion of a busy small fleet files one)
+            self._filed(at, len(times), file_entries(*self._buffers, at, times, sids, self.start_version, part,
+                                                     EMPTY, EMPTY))
         return part
 
     def file_parts(self, times: np.ndarray, sids: np.ndarray, owner: np.ndarray, ranks: np.ndarray, n: int) -> int:

@@ -206,6 +206,10 @@ class Fleet:
         """Every engine at once: accepting (weights `version`, no update pending), and its load."""
         n = len(self.engines)
         acc = (self.table.update_version[:n] < 0) & (self.table.version[:n] == version)
+        if not self._to_lay_out:  # a busy fleet routes at every completion: Engine.load's arithmetic inline
+            now, where = self.env.now, self.table.where[:n].tolist()
+            return acc, np.array([(e.own_load(now) if w == OWN else e.load()) if a else 0
+                                  for e, a, w in zip(self.engines, acc.tolist(), where, strict=True)], np.int64)
         loads = np.zeros(n, np.int64)
         member = np.zeros(n, bool)
         for g in self._to_lay_out:
