@@ -104,7 +104,7 @@ class CompletionPool:
 
     def _filed(self, at: int, k: int, earliest: float) -> None:
         self._n = at + k
-        self._view()
+        self._stale = True  # the column views are re-sliced when next read (`_view`), not at every filing
         self._live = None
         self._next = min(self._next, earliest)
 
@@ -128,17 +128,20 @@ class CompletionPool:
 
     def _compact(self, force: bool = False) -> None:
         """Drop delivered and cut entries once they are a good part of the pool (or now: `force`)."""
-        if not (force or 2 * self._delivered > len(self._times) or self._cuts > 32):
+        if not (force or 2 * self._delivered > self._n or self._cuts > 32):
             return
         self._n = compact_pool(*self._columns(), self._limit)  # in place: the views write to the buffers
         self._view()
         self._delivered, self._cuts = 0, 0
 
     def _columns(self) -> tuple[np.ndarray, ...]:
+        if self._stale:
+            self._view()
         return self._times, self._sids, self._versions, self._parts, self._ranks
 
     def _view(self) -> None:
         """Point the column names at the pool's entries."""
+        self._stale = False
         n, (times, sids, versions, parts, ranks) = self._n, self._buffers
         self._times, self._sids, self._versions, self._parts, self._ranks = (
             times[:n], sids[:n], versions[:n], parts[:n], ranks[:n])
@@ -148,8 +151,7 @@ class CompletionPool:
         (ascending; in no order within a version), the versions, and how many of each."""
         if now < self._next:
             return EMPTY, EMPTY, EMPTY
-        sids, levels, counts, n_hit, self._next = take_due(self._times, self._sids, self._versions, self._parts,
-                                                           self._ranks, self._limit, now)
+        sids, levels, counts, n_hit, self._next = take_due(*self._columns(), self._limit, now)
         self._delivered += n_hit
         self._live = None
         return sids, levels, counts
