@@ -130,6 +130,8 @@ class CompletionPool:
         """Drop delivered and cut entries once they are a good part of the pool (or now: `force`)."""
         if not (force or 2 * self._delivered > self._n or self._cuts > 32):
             return
+        if not (self._delivered or self._cuts):  # nothing delivered or cut since the last one: all entries live
+            return
         self._n = compact_pool(*self._columns(), self._limit)  # in place: the views write to the buffers
         self._view()
         self._delivered, self._cuts = 0, 0
@@ -161,7 +163,8 @@ class CompletionPool:
         them: the pass that finds them drops the rest, so later passes are shorter)."""
         if self._live is None:
             self._compact(force=True)
-            self._live = (self._times, self._versions)
+            times, _, versions, _, _ = self._columns()  # fresh views, compacted or not
+            self._live = (times, versions)
         return self._live
 
     def kth_time(self, need: dict[int, int]) -> float:
