@@ -245,7 +245,7 @@ class Engine:
         if plan is not None:
             if len(plan.done) == 1:  # a first jump (busy small fleets): its completions share one time
                 n = int(plan.done[0])
-                times = np.full(n, float(plan.ends[0]) + self.reward_seconds) if n else None
+                times = np.array([float(plan.ends[0]) + self.reward_seconds] * n) if n else None
             else:
                 n = int(plan.done.sum())
                 times = np.repeat(plan.ends, plan.done) + self.reward_seconds if n else None
