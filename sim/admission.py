@@ -44,6 +44,12 @@ def decide_admission(s: Samples, waiting: deque[int], inbox: np.ndarray, running
             new.append(waiting.popleft())
     ids = np.array(new, dtype=np.int64) if new else EMPTY
     seen = len(inbox)
+    if not waiting and seen == 1 and not new and running < max_batch:
+        # a busy fleet's usual case, one routed sample for a freed slot: the rule below on plain numbers
+        # (fits_kv's arithmetic; an empty engine always takes one)
+        if running == 0 or fits_kv(context, int(s.prompt[inbox[0]]), room):
+            return Admission(inbox, waiting, EMPTY, seen=1)
+        return Admission(EMPTY, deque([int(inbox[0])]), EMPTY, seen=1)
     if not waiting and len(inbox):
         # routed samples in order while the batch has room and each fits; the first that does
         # not fit waits (it is first in line then), and the rest stay in the inbox
