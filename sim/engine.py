@@ -169,8 +169,9 @@ class Engine:
     def run(self) -> Generator[simpy.Event, Any, None]:
         woken = False
         segment: Segment | Resume
-        while True:
-            if self.update is not None and (self.interruptible or not len(self.batch)):
+        table = self._table
+        while True:  # (table.update_version: a pending update's version, -1 for none; `update` without its tuple)
+            if table.update_version[self.index] >= 0 and (self.interruptible or not len(self.batch)):
                 if self.update[1] > self.env.now:  # engines waiting for the same weights load together
                     segment = yield self.fleet.load(self)
                 else:
