@@ -165,7 +165,6 @@ class Engine:
             self.fleet.note_interrupted(self, self._plan)
 
     # ---- the loop -------------------------------------------------------------------------
-    # ---- the loop -------------------------------------------------------------------------
     def run(self) -> Generator[simpy.Event, Any, None]:
         woken = False
         segment: Segment | Resume
@@ -243,15 +242,11 @@ class Engine:
     def _run(self, sg: Segment) -> Generator[simpy.Event, Any, bool]:
         """Carry out a segment; an update arriving during a prefill voids the rest. False: idle."""
         plan = sg.plan
-        if plan is not None:
-            if len(plan.done) == 1:  # a first jump (busy small fleets): its completions share one time
-                n = int(plan.done[0])
-                times = np.array([float(plan.ends[0]) + self.reward_seconds] * n) if n else None
-            else:
-                n = int(plan.done.sum())
-                times = np.repeat(plan.ends, plan.done) + self.reward_seconds if n else None
-            if times is not None:
-                plan.part = self.controller.file(times, plan.batch.sid[:n], self.version)
+        if plan is not None and (n := int(plan.done[0]) if len(plan.done) == 1 else int(plan.done.sum())):
+            # a first jump's completions (busy small fleets) share one time: no repeat
+            times = (np.array([float(plan.ends[0]) + self.reward_seconds] * n) if len(plan.done) == 1
+                     else np.repeat(plan.ends, plan.done) + self.reward_seconds)
+            plan.part = self.controller.file(times, plan.batch.sid[:n], self.version)
         if sg.quiet and sg.plan is not None:
             # its prefills need no events of their own: they happen inside the decode plan's one wait, and
             # are recorded as time passes them (`catch_up`)
