@@ -188,5 +188,6 @@ class CompletionPool:
             mine = times if level >= versions.max() else times[versions <= level]
             if len(mine) < n:
                 return float("inf")
-            out = max(out, float(np.partition(mine, n - 1)[n - 1]))  # the n-th smallest, ties or not
+            # the n-th smallest, ties or not (the first: the minimum, without a partition's copy)
+            out = max(out, float(mine.min() if n == 1 else np.partition(mine, n - 1)[n - 1]))
         return out

@@ -123,8 +123,10 @@ class Engine:
         plan = self._plan
         if plan is not None:  # samples whose jump has ended are gone already
             ends = plan.ends
-            j = (1 if ends[0] <= now else 0) if len(ends) == 1 else int(ends.searchsorted(now, "right"))
-            running -= plan.completed_before(j)
+            if len(ends) > 1:
+                running -= plan.completed_before(int(ends.searchsorted(now, "right")))
+            elif ends[0] <= now:  # a first jump that has ended (DecodePlan.completed_before(1) inline)
+                running -= int(plan.done_through[0]) - plan.done_offset
         return running + len(self.waiting) + len(self.inbox)
 
     def queued(self) -> int:

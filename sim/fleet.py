@@ -139,6 +139,9 @@ class Fleet:
 
     def lay_out(self, segments: list[Segment]) -> None:
         """The decode plans the segments ask for, laid out together (one engine alone: its first jump)."""
+        if len(segments) == 1 and (r := segments[0].request) is not None and r.stop_at_completion and r.new is None:
+            segments[0].plan = first_jump_plan(r, self.exit_tokens)  # an engine on its own: the usual case below
+            return
         wanted = [sg for sg in segments if sg.request is not None]
         if len(wanted) == 1 and wanted[0].request.stop_at_completion and wanted[0].request.new is None:  # type: ignore[union-attr]
             wanted[0].plan = first_jump_plan(wanted[0].request, self.exit_tokens)  # type: ignore[arg-type]
