@@ -70,9 +70,11 @@ def joined_batch(s: Samples, batch: Batch, ids: np.ndarray, fresh: bool, progres
            ) -> tuple[Batch, float, int]:
     """The batch, KV context and prefill tokens once `ids` have joined (`fresh`: none was preempted).
     An episode back from a tool call may hold its context in the prefix cache: not prefilled again."""
-    if fresh:  # routed samples: nothing generated yet
-        prompt = s.prompt[ids]
-        tokens, finish = int(prompt[0] if len(prompt) == 1 else prompt.sum()), progress + s.response[ids]
+    if fresh and len(ids) == 1:  # one routed sample (a busy fleet's freed slot): plain integers, no array sums
+        sid = int(ids[0])
+        tokens, finish = int(s.prompt[sid]), np.array([progress + int(s.response[sid])], np.int64)
+    elif fresh:  # routed samples: nothing generated yet
+        tokens, finish = int(s.prompt[ids].sum()), progress + s.response[ids]
     else:
         generated = s.generated[ids]
         tokens = int(s.prompt[ids].sum() + generated.sum())

@@ -183,9 +183,9 @@ class CompletionPool:
             return float("inf")
         if not need:
             return float(times.min())
-        out = -float("inf")
+        out, newest = -float("inf"), int(versions.max())  # the newest start version: once, not per level
         for level, n in need.items():
-            mine = times if level >= versions.max() else times[versions <= level]
+            mine = times if level >= newest else times[versions <= level]
             if len(mine) < n:
                 return float("inf")
             # the n-th smallest, ties or not (the first: the minimum, without a partition's copy)
