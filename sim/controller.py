@@ -204,7 +204,7 @@ class Controller:
             self.ledger.drop(level, n - keep)
         self._ledger_changed()
         if n - keep:
-            self.request_dispatch()  # the batch still lacks what was dropped: more may be admitted  # the batch still lacks what was dropped: more may be admitted
+            self.request_dispatch()  # the batch still lacks what was dropped: more may be admitted
 
     # ---- the trainer's view -------------------------------------------------------------------
     def watch(self, step: int) -> None:
