@@ -140,7 +140,7 @@ class Fleet:
     def lay_out(self, segments: list[Segment]) -> None:
         """The decode plans the segments ask for, laid out together (one engine alone: its first jump)."""
         if len(segments) == 1 and (r := segments[0].request) is not None and r.stop_at_completion and r.new is None:
-            segments[0].plan = first_jump_plan(r, self.exit_tokens)  # an engine on its own: the usual case below
+            segments[0].plan = first_jump_plan(r, self.exit_tokens)  # one engine on its own (the usual case), as below
             return
         wanted = [sg for sg in segments if sg.request is not None]
         if len(wanted) == 1 and wanted[0].request.stop_at_completion and wanted[0].request.new is None:  # type: ignore[union-attr]
@@ -220,8 +220,7 @@ class Fleet:
             member[g.engines] = True
         own = np.flatnonzero(acc & ~member)
         if len(own):
-            # a busy fleet routes at every completion: Engine.load's arithmetic inline, one pass of
-            # plain Python over the engines, one write into the array
+            # the others: Engine.load's arithmetic inline, one pass of plain Python, one write into the array
             engines, now, where = self.engines, self.env.now, self.table.where[own].tolist()
             loads[own] = [engines[i].load() if w != OWN else engines[i].own_load(now)
                           for i, w in zip(own.tolist(), where, strict=True)]
