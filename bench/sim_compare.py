@@ -35,22 +35,25 @@ REL = 1e-9
 
 def cases() -> dict[str, tuple[Any, ...]]:
     """name -> (cluster, workload, plan, steps, seed, record_queue)."""
+    from bench import small_fleet
     from bench.sim_speed import CLUSTER as BENCH_CLUSTER
     from bench.sim_speed import PLAN as BENCH_PLAN
     from bench.sim_speed import WORKLOAD as BENCH_WORKLOAD
     from traces import Cluster, Plan, RolloutGroup, TrainerGroup, example_cluster, get_model
+    from traces.agentic import Agentic, SecondsDist
     from traces.lengths import LengthDist
-    from traces.workload import Workload
+    from traces.workload import DynamicSampling, Workload
 
     cluster = example_cluster("mixed-h800-h20-l40s")
     fixed = LengthDist(kind="fixed", value=600)
     longtail = LengthDist(kind="lognormal", mean=800, sigma=1.0, cap=4096)
 
     def workload(resp: LengthDist, mode: str, eta: int, interruptible: bool, prompts: int = 16, group: int = 8,
-                 model: str = "qwen2.5-1.5b", reward: float = 0.01) -> Workload:
+                 model: str = "qwen2.5-1.5b", reward: float = 0.01, **extra: Any) -> Workload:
         return Workload(model=get_model(model), prompts_per_step=prompts, group_size=group,
                         prompt_len=LengthDist(kind="uniform", low=64, high=256), response_len=resp, mode=mode,
-                        staleness=eta if mode == "async" else 0, interruptible=interruptible, reward_seconds=reward)
+                        staleness=eta if mode == "async" else 0, interruptible=interruptible, reward_seconds=reward,
+                        **extra)
 
     def plan(mode: str, eta: int, engines: int = 4, gen: str = "H20") -> Plan:
         if mode == "colocated":
@@ -87,6 +90,20 @@ def cases() -> dict[str, tuple[Any, ...]]:
     out["mixed-fleet"] = (cluster, workload(longtail, "async", 1, True, prompts=96, model="qwen2.5-7b"), mixed, 6, 1,
                           True)
     out["bench-3steps"] = (BENCH_CLUSTER, BENCH_WORKLOAD, BENCH_PLAN, 3, 0, False)
+    # the controller's other paths: DAPO's dynamic sampling (drops free allowance), streaming chunks, agentic
+    # episodes (tool calls file their turns apart)
+    for name, extra in {"dapo": {"dynamic_sampling": DynamicSampling(pass_rate=0.5, oversample=2)},
+                        "stream": {"stream_chunks": 4, "ppo_minibatches": 4},
+                        "agentic": {"agentic": Agentic(
+                            turns=LengthDist(kind="uniform", low=1, high=4),
+                            tool_latency=SecondsDist(kind="lognormal", mean=2.0, sigma=1.0, cap=30.0),
+                            tool_tokens=LengthDist(kind="lognormal", mean=200, sigma=1.0, cap=1024))}}.items():
+        out[f"{name}-async-eta2"] = (cluster, workload(longtail, "async", 2, True, **extra), plan("async", 2), 5, 3,
+                                     True)
+    # small busy fleets (bench/small_fleet.py, issue 19): one completion at a time, on the per-engine path
+    for name, case in small_fleet.CASES.items():
+        for seed in (0, 7):
+            out[f"small-{name}-s{seed}"] = (*case(), 5, seed, True)
     return out
 
 

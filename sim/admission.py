@@ -44,6 +44,12 @@ def decide_admission(s: Samples, waiting: deque[int], inbox: np.ndarray, running
             new.append(waiting.popleft())
     ids = np.array(new, dtype=np.int64) if new else EMPTY
     seen = len(inbox)
+    if not waiting and seen == 1 and not new and running < max_batch:
+        # a busy fleet's usual case, one routed sample for a freed slot: the rule below on plain numbers
+        # (fits_kv's arithmetic; an empty engine always takes one)
+        if running == 0 or fits_kv(context, int(s.prompt[inbox[0]]), room):
+            return Admission(inbox, waiting, EMPTY, seen=1)
+        return Admission(EMPTY, deque([int(inbox[0])]), EMPTY, seen=1)
     if not waiting and len(inbox):
         # routed samples in order while the batch has room and each fits; the first that does
         # not fit waits (it is first in line then), and the rest stay in the inbox
@@ -51,7 +57,7 @@ def decide_admission(s: Samples, waiting: deque[int], inbox: np.ndarray, running
         fits = fits_kv(context, s.prompt[head], room)  # routed samples have generated nothing yet
         if running == 0 and not new and len(head):
             fits[0] = True  # an empty engine always takes one, however long
-        n = len(head) if fits.all() else int(np.argmin(fits))
+        n = len(head) if (fits[0] if len(fits) == 1 else fits.all()) else int(np.argmin(fits))  # one: no reduction
         ids = np.concatenate((ids, head[:n])) if new else head[:n]
         if n < len(head):
             waiting = deque([int(head[n])])
@@ -64,13 +70,16 @@ def joined_batch(s: Samples, batch: Batch, ids: np.ndarray, fresh: bool, progres
            ) -> tuple[Batch, float, int]:
     """The batch, KV context and prefill tokens once `ids` have joined (`fresh`: none was preempted).
     An episode back from a tool call may hold its context in the prefix cache: not prefilled again."""
-    if fresh:  # routed samples: nothing generated yet
+    if fresh and len(ids) == 1:  # one routed sample (a busy fleet's freed slot): plain integers, no array sums
+        sid = int(ids[0])
+        tokens, finish = int(s.prompt[sid]), np.array([progress + int(s.response[sid])], np.int64)
+    elif fresh:  # routed samples: nothing generated yet
         tokens, finish = int(s.prompt[ids].sum()), progress + s.response[ids]
     else:
         generated = s.generated[ids]
         tokens = int(s.prompt[ids].sum() + generated.sum())
         finish = progress + s.response[ids] - generated
-    now_in = np.full(len(ids), progress, np.int64)
+    now_in = np.array([progress] * len(ids), np.int64)  # np.full's wrapper costs more for the usual one or two
     out = batch.plus(ids, finish, now_in) if len(batch) else Batch(ids, finish, now_in)
     # integers all along: the sum is exact, whatever the order the reference adds them in
     return out, context + tokens, s.prefill_tokens(ids, tokens)

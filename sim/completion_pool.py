@@ -54,7 +54,18 @@ class CompletionPool:
     def file(self, times: np.ndarray, sids: np.ndarray) -> int:
         """One engine's completions: one part (its id is returned)."""
         part = self._new_parts(1)
-        self._file(times, sids, part, EMPTY, EMPTY)
+        at = self._room_for(len(times))
+        if at is None:
+            return part
+        if len(times) == 1:  # a busy small fleet's usual filing: file_entries' one entry, without the kernel's call
+            t, sid = float(times[0]), int(sids[0])
+            times_buf, sid_buf, version_buf, part_buf, rank_buf = self._buffers
+            times_buf[at], sid_buf[at], version_buf[at], part_buf[at], rank_buf[at] = (
+                t, sid, self.start_version[sid], part, 0)
+            self._filed(at, 1, t)
+        else:  # `_file` for one part
+            self._filed(at, len(times), file_entries(*self._buffers, at, times, sids, self.start_version, part,
+                                                     EMPTY, EMPTY))
         return part
 
     def file_parts(self, times: np.ndarray, sids: np.ndarray, owner: np.ndarray, ranks: np.ndarray, n: int) -> int:
@@ -101,7 +112,7 @@ class CompletionPool:
 
     def _filed(self, at: int, k: int, earliest: float) -> None:
         self._n = at + k
-        self._view()
+        self._stale = True  # the column views are re-sliced when next read (`_view`), not at every filing
         self._live = None
         self._next = min(self._next, earliest)
 
@@ -125,17 +136,22 @@ class CompletionPool:
 
     def _compact(self, force: bool = False) -> None:
         """Drop delivered and cut entries once they are a good part of the pool (or now: `force`)."""
-        if not (force or 2 * self._delivered > len(self._times) or self._cuts > 32):
+        if not (force or 2 * self._delivered > self._n or self._cuts > 32):
+            return
+        if not (self._delivered or self._cuts):  # nothing delivered or cut since the last one: all entries live
             return
         self._n = compact_pool(*self._columns(), self._limit)  # in place: the views write to the buffers
         self._view()
         self._delivered, self._cuts = 0, 0
 
     def _columns(self) -> tuple[np.ndarray, ...]:
+        if self._stale:
+            self._view()
         return self._times, self._sids, self._versions, self._parts, self._ranks
 
     def _view(self) -> None:
         """Point the column names at the pool's entries."""
+        self._stale = False
         n, (times, sids, versions, parts, ranks) = self._n, self._buffers
         self._times, self._sids, self._versions, self._parts, self._ranks = (
             times[:n], sids[:n], versions[:n], parts[:n], ranks[:n])
@@ -145,8 +161,7 @@ class CompletionPool:
         (ascending; in no order within a version), the versions, and how many of each."""
         if now < self._next:
             return EMPTY, EMPTY, EMPTY
-        sids, levels, counts, n_hit, self._next = take_due(self._times, self._sids, self._versions, self._parts,
-                                                           self._ranks, self._limit, now)
+        sids, levels, counts, n_hit, self._next = take_due(*self._columns(), self._limit, now)
         self._delivered += n_hit
         self._live = None
         return sids, levels, counts
@@ -156,7 +171,8 @@ class CompletionPool:
         them: the pass that finds them drops the rest, so later passes are shorter)."""
         if self._live is None:
             self._compact(force=True)
-            self._live = (self._times, self._versions)
+            times, _, versions, _, _ = self._columns()  # fresh views, compacted or not
+            self._live = (times, versions)
         return self._live
 
     def kth_time(self, need: dict[int, int]) -> float:
@@ -167,10 +183,11 @@ class CompletionPool:
             return float("inf")
         if not need:
             return float(times.min())
-        out = -float("inf")
+        out, newest = -float("inf"), int(versions.max())  # the newest start version: once, not per level
         for level, n in need.items():
-            mine = times if level >= versions.max() else times[versions <= level]
+            mine = times if level >= newest else times[versions <= level]
             if len(mine) < n:
                 return float("inf")
-            out = max(out, float(np.partition(mine, n - 1)[n - 1]))  # the n-th smallest, ties or not
+            # the n-th smallest, ties or not (the first: the minimum, without a partition's copy)
+            out = max(out, float(mine.min() if n == 1 else np.partition(mine, n - 1)[n - 1]))
         return out

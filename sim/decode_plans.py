@@ -16,6 +16,7 @@ import numpy as np
 
 from sim.decode_tables import DecodeStack, DecodeTable, stack_of
 from sim.kernels.decode_plans import engine_keys, first_jump, plan_sorted
+from sim.kernels.decode_sums import stop_one
 
 
 @dataclass(slots=True)
@@ -153,14 +154,13 @@ def first_jump_plan(r: DecodeRequest, exit_tokens: np.ndarray) -> DecodePlan:
     """`decode_plans_of` for one engine that stops at its first completion (it has decisions to take at
     every completion: samples wait for KV room, or new requests may come): one jump, compiled
     (sim.kernels.decode_plans.first_jump). The same arithmetic as `decode_plans_of`, so the same bits."""
-    d = r.decode
-    sid, finish, joined, b, k, n, end, after = first_jump(
-        r.batch.sid, r.batch.finish, r.batch.joined, r.progress, float(r.context), float(r.kv_tokens), exit_tokens,
-        d.base_arr, d.slope_arr, d.ds, float(r.t0))
-    # one array per dtype, one element per field (two small arrays instead of nine)
-    i, f = np.array([b, k, n, n, k]), np.array([r.context, end, after, r.t0])
-    return DecodePlan(r.t0, i[0:1], f[0:1], i[1:2], f[1:2], i[2:3], f[2:3], Batch(sid, finish, joined), i[3:4], 0,
-                      f[3:4], i[4:5])
+    d, batch = r.decode, r.batch
+    # one array per dtype, one element per field (two small arrays instead of nine), filled by the kernel
+    rows, i, f = np.empty((3, len(batch.sid)), np.int64), np.empty(5, np.int64), np.empty(4)
+    first_jump(batch.sid, batch.finish, batch.joined, r.progress, float(r.context), float(r.kv_tokens), exit_tokens,
+               d.base_arr, d.slope_arr, d.ds, float(r.t0), rows, i, f)
+    return DecodePlan(r.t0, i[0:1], f[0:1], i[1:2], f[1:2], i[2:3], f[2:3], Batch(rows[0], rows[1], rows[2]), i[3:4],
+                      0, f[3:4], i[4:5])
 
 
 @dataclass(slots=True)
@@ -171,6 +171,17 @@ class DecodeCut:
     jumps: int
     iterations: int
     rest: float
+
+
+def cut_one(plan: DecodePlan, table: DecodeTable, now: float) -> DecodeCut:
+    """`cuts_of` for one decode plan: the same kernel (stop_one is what stop_after runs per jump),
+    on plain numbers instead of arrays of one."""
+    ends = plan.ends
+    j = (1 if ends[0] <= now else 0) if len(ends) == 1 else int(ends.searchsorted(now, "right"))
+    start = float(ends[j - 1]) if j else plan.t0
+    done, rest = stop_one(table.base_arr, table.slope_arr, table.ds, int(plan.b[j]), float(plan.s[j]), int(plan.k[j]),
+                          now - start)
+    return DecodeCut(j, int(done), float(rest))
 
 
 def cuts_of(plans: list[tuple[DecodePlan, DecodeTable]], now: float) -> list[DecodeCut]:

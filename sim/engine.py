@@ -96,7 +96,8 @@ class Engine:
     @property
     def update(self) -> tuple[int, float] | None:
         """A pending weight update: (version, time the new weights are in), or None."""
-        return self._table.update_of(self.index)
+        v = self._table.update_version[self.index]  # EngineTable.update_of inline: read at every decision
+        return None if v < 0 else (int(v), float(self._table.update_ready[self.index]))
 
     @update.setter
     def update(self, request: tuple[int, float] | None) -> None:
@@ -112,10 +113,20 @@ class Engine:
         held = self.fleet.held_load(self.index)
         if held is not None:
             return held + len(self.waiting) + len(self.inbox)
-        self.catch_up()
-        running = len(self.batch)
-        if self._plan is not None:  # samples whose jump has ended are gone already
-            running -= self._plan.completed_before(int(self._plan.ends.searchsorted(self.env.now, "right")))
+        return self.own_load(self.env.now)
+
+    def own_load(self, now: float) -> int:
+        """`load` of an engine that holds its own state (not parked, not loading: the fleet checks)."""
+        if self._phases is not None:
+            self.catch_up()
+        running = len(self.batch.sid)
+        plan = self._plan
+        if plan is not None:  # samples whose jump has ended are gone already
+            ends = plan.ends
+            if len(ends) > 1:
+                running -= plan.completed_before(int(ends.searchsorted(now, "right")))
+            elif ends[0] <= now:  # a first jump that has ended (DecodePlan.completed_before(1) inline)
+                running -= int(plan.done_through[0]) - plan.done_offset
         return running + len(self.waiting) + len(self.inbox)
 
     def queued(self) -> int:
@@ -156,12 +167,12 @@ class Engine:
             self.fleet.note_interrupted(self, self._plan)
 
     # ---- the loop -------------------------------------------------------------------------
-    # ---- the loop -------------------------------------------------------------------------
     def run(self) -> Generator[simpy.Event, Any, None]:
         woken = False
         segment: Segment | Resume
-        while True:
-            if self.update is not None and (self.interruptible or not len(self.batch)):
+        table = self._table
+        while True:  # (table.update_version: a pending update's version, -1 for none; `update` without its tuple)
+            if table.update_version[self.index] >= 0 and (self.interruptible or not len(self.batch)):
                 if self.update[1] > self.env.now:  # engines waiting for the same weights load together
                     segment = yield self.fleet.load(self)
                 else:
@@ -228,14 +239,16 @@ class Engine:
 
     def quiet(self) -> bool:
         """Nothing but an interrupt can reach this engine: it may decide past its next decisions."""
-        return self.update is None and self.controller.allowance() <= 0
+        return self._table.update_version[self.index] < 0 and self.controller.allowance() <= 0
 
     def _run(self, sg: Segment) -> Generator[simpy.Event, Any, bool]:
         """Carry out a segment; an update arriving during a prefill voids the rest. False: idle."""
-        n = int(sg.plan.done.sum()) if sg.plan is not None else 0
-        if n:
-            sg.plan.part = self.controller.file(np.repeat(sg.plan.ends, sg.plan.done) + self.reward_seconds,
-                                                sg.plan.batch.sid[:n], self.version)
+        plan = sg.plan
+        if plan is not None and (n := int(plan.done[0]) if len(plan.done) == 1 else int(plan.done.sum())):
+            # a first jump's completions (busy small fleets) share one time: no repeat
+            times = (np.array([float(plan.ends[0]) + self.reward_seconds] * n) if len(plan.done) == 1
+                     else np.repeat(plan.ends, plan.done) + self.reward_seconds)
+            plan.part = self.controller.file(times, plan.batch.sid[:n], self.version)
         if sg.quiet and sg.plan is not None:
             # its prefills need no events of their own: they happen inside the decode plan's one wait, and
             # are recorded as time passes them (`catch_up`)

@@ -15,7 +15,7 @@ import simpy
 
 from sim.clock import timeout_at
 from sim.controller import Controller
-from sim.decode_plans import Batch, DecodeCut, DecodePlan, cuts_of, decode_plans_of, first_jump_plan
+from sim.decode_plans import Batch, DecodeCut, DecodePlan, cut_one, cuts_of, decode_plans_of, first_jump_plan
 from sim.engine import Engine
 from sim.engine_groups import Loading
 from sim.fleet_state import LOADING, OWN, PARKED, EngineConstants, EngineTable
@@ -139,6 +139,9 @@ class Fleet:
 
     def lay_out(self, segments: list[Segment]) -> None:
         """The decode plans the segments ask for, laid out together (one engine alone: its first jump)."""
+        if len(segments) == 1 and (r := segments[0].request) is not None and r.stop_at_completion and r.new is None:
+            segments[0].plan = first_jump_plan(r, self.exit_tokens)  # one engine on its own (the usual case), as below
+            return
         wanted = [sg for sg in segments if sg.request is not None]
         if len(wanted) == 1 and wanted[0].request.stop_at_completion and wanted[0].request.new is None:  # type: ignore[union-attr]
             wanted[0].plan = first_jump_plan(wanted[0].request, self.exit_tokens)  # type: ignore[arg-type]
@@ -153,6 +156,10 @@ class Fleet:
 
     def cut(self, engine: Engine, plan: DecodePlan) -> DecodeCut:
         """Where the engine's interrupted decode plan stops; worked out for all interrupted in this instant."""
+        if len(self._interrupted) == 1 and not self._cuts and self._interrupted[0][0] is engine:
+            # a busy small fleet: one engine interrupted at a time (the router refilled its freed slot)
+            (_, noted), self._interrupted = self._interrupted[0], []
+            return cut_one(noted, engine.decode, self.env.now)
         if id(engine) not in self._cuts:
             now = self.env.now
             todo = [(e, p) for e, p in self._interrupted if id(e) not in self._cuts]
@@ -202,13 +209,21 @@ class Fleet:
         """Every engine at once: accepting (weights `version`, no update pending), and its load."""
         n = len(self.engines)
         acc = (self.table.update_version[:n] < 0) & (self.table.version[:n] == version)
+        if not self._to_lay_out:  # a busy fleet routes at every completion: Engine.load's arithmetic inline
+            now, where = self.env.now, self.table.where[:n].tolist()
+            return acc, np.array([(e.own_load(now) if w == OWN else e.load()) if a else 0
+                                  for e, a, w in zip(self.engines, acc.tolist(), where, strict=True)], np.int64)
         loads = np.zeros(n, np.int64)
         member = np.zeros(n, bool)
         for g in self._to_lay_out:
             loads[g.engines] = g.count + g.inbox_count
             member[g.engines] = True
-        for i in np.flatnonzero(acc & ~member).tolist():
-            loads[i] = self.engines[i].load()
+        own = np.flatnonzero(acc & ~member)
+        if len(own):
+            # the others: Engine.load's arithmetic inline, one pass of plain Python, one write into the array
+            engines, now, where = self.engines, self.env.now, self.table.where[own].tolist()
+            loads[own] = [engines[i].load() if w != OWN else engines[i].own_load(now)
+                          for i, w in zip(own.tolist(), where, strict=True)]
         return acc, loads
 
     def same_weights(self, engine: np.ndarray, version: np.ndarray) -> np.ndarray:

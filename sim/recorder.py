@@ -74,7 +74,7 @@ class Recorder:
         """Consecutive intervals of one resource, as `interval` would file them one by one."""
         durations = ends - starts
         keep = durations > 0  # end > start, as `interval` asks
-        if not keep.all():
+        if not (keep[0] if len(keep) == 1 else keep.all()):  # one jump (a busy fleet's): no reduction
             starts, ends, samples, durations = starts[keep], ends[keep], samples[keep], durations[keep]
         self.chunks.append((resource, group, activity, starts, ends, version, samples))
         self._busy_parts.setdefault(resource, []).append(durations)

@@ -57,11 +57,12 @@ def prepare(e: EngineView, reprefill: bool) -> Segment:
     be waiting by then).
     """
     quiet = e.quiet()
-    t = e.env.now
+    t = now = e.env.now
     reprefill_end = None
     if reprefill:
         reprefill_end = t = t + e.prefill(e.context)
-    admission = _admission(e)
+    # nothing to admit: `_admission`'s first case, without its reads
+    admission = Admission(EMPTY, e.waiting, e.inbox) if not (e.waiting or len(e.inbox)) else _admission(e)
     now_joined, prefill_end = None, None
     if len(admission.sids) and (quiet or not reprefill):
         batch, context, tokens = joined_batch(e.samples, e.batch, admission.sids, admission.fresh, e.progress,
@@ -75,7 +76,7 @@ def prepare(e: EngineView, reprefill: bool) -> Segment:
         # after a completion the engine would admit what waits, or what new requests bring
         stop = not quiet or bool(admission.waiting) or len(admission.inbox) > 0
         request = DecodeRequest(batch, e.progress, context, t, e.kv_tokens, e.decode, stop)
-    return Segment(quiet, e.env.now, reprefill_end, admission, now_joined, prefill_end, request)
+    return Segment(quiet, now, reprefill_end, admission, now_joined, prefill_end, request)
 
 
 def prepare_routed(e: EngineView, reprefill: bool, new: Batch, tokens: int, prefill_tokens: int) -> Segment:

@@ -117,14 +117,18 @@ def plan_sorted(order: np.ndarray, eng: np.ndarray, sid: np.ndarray, fin: np.nda
 
 @njit(cache=True)
 def first_jump(sid: np.ndarray, finish: np.ndarray, joined: np.ndarray, progress: int, context: float, kv: float,
-               exit_tokens: np.ndarray, base: np.ndarray, slope: np.ndarray, ds: float, t0: float
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int, float, float]:
+               exit_tokens: np.ndarray, base: np.ndarray, slope: np.ndarray, ds: float, t0: float,
+               rows: np.ndarray, ints: np.ndarray, floats: np.ndarray) -> None:
     """sim.decode_plans.first_jump_plan: one engine's batch sorted by (finish, sid) (an insertion sort:
     a running batch is sorted but for the samples just joined), and its jump to the first
-    completion, cut where the KV cache would overflow: (sorted sid, finish, joined; b, k,
-    completions, end, KV context after it)."""
+    completion, cut where the KV cache would overflow. Written into the caller's arrays (a kernel
+    that returns new arrays pays for boxing each, at every completion of a busy fleet): rows[0:3]
+    sorted sid, finish, joined; ints [b, k, completions, completions, k]; floats [context, end,
+    KV context after it, t0]."""
     b = len(sid)
-    sid, finish, joined = sid.copy(), finish.copy(), joined.copy()
+    o_sid, o_fin, o_joined = rows[0], rows[1], rows[2]
+    o_sid[:], o_fin[:], o_joined[:] = sid, finish, joined
+    sid, finish, joined = o_sid, o_fin, o_joined
     for i in range(1, b):
         s, f, j = sid[i], finish[i], joined[i]
         q = i - 1
@@ -144,4 +148,5 @@ def first_jump(sid: np.ndarray, finish: np.ndarray, joined: np.ndarray, progress
         if k0 != k:
             n, freed, k = 0, 0, k0
     end = t0 + jump_total(base, slope, ds, b, context, k)
-    return sid, finish, joined, b, k, n, end, context + (b * k - freed)
+    ints[0], ints[1], ints[2], ints[3], ints[4] = b, k, n, n, k
+    floats[0], floats[1], floats[2], floats[3] = context, end, context + (b * k - freed), t0
