@@ -8,6 +8,8 @@ the MILP answers as before, a trainer size already tried, a baseline that is a c
 seeded simulation of the same plan is the same result, so each placement (keyed by its fleet,
 job and plan, the seed being the request's) is simulated once. Independent solves run in threads
 and independent simulations in processes (`solve_many`, `score_many`; planner.parallel).
+Each screening simulation is kept with its result (`Scored.job`), so the few plans that can still
+win are simulated again as settling runs (`settle_many`, planner.confirm), once per placement.
 """
 
 from __future__ import annotations
