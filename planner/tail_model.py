@@ -16,6 +16,12 @@ seconds per step: the drain (or the weights, if they come later) less the n E[R]
 it did, which a full batch of n would have done in E[R] iterations of t(n).
 EngineOption.derated takes the loss out of each trainer period, as it does an interruptible
 engine's weight wait.
+
+That loss assumes every version's samples spread over all engines. The simulator does not spread
+them so: an engine still draining when the weights come in accepts nothing until it has drained,
+and the first to drain takes what the version admits (race_rate steps this version by version;
+with fixed lengths, eta 1, it halves the rate: bench/analytic_vs_sim.py seed 0 #18, 131 samples/s
+by the slopes, 65 by the race, 65 simulated). planner.milp.raced prices the MILP's answer with it.
 """
 
 from __future__ import annotations
@@ -115,9 +121,10 @@ def race_rate(engines: Sequence[tuple[DrainCurve, int, int]], batch: int, eta: f
     finish at their lengths' quantiles along it (a batch's j-th of n at length q(j / (n + 1)), time
     in proportion), and the longest of a version's N (E[max of N], on the engine that drew it) runs
     on alone past its own batch's expected longest. Step s starts once the trainer is free, (s + 1) B
-    samples have finished and every sample admitted at versions <= s - ceil(eta) has (traces.staleness); it publishes
-    after step_seconds - sync_seconds, the weights are in step_seconds after it starts. The rate is
-    traces.records.steady_state's over warm-up + RACE_PERIODS periods.
+    samples have finished and every sample admitted at versions <= s - ceil(eta) has
+    (traces.staleness); it publishes after step_seconds - sync_seconds, the weights are in
+    step_seconds after it starts. The rate is traces.records.steady_state's over warm-up +
+    RACE_PERIODS periods.
     """
     kind = np.repeat(np.arange(len(engines)), [n for _, _, n in engines])
     if len(kind) > RACE_MAX_ENGINES or not len(kind):
