@@ -2,7 +2,8 @@
 
 For N random fleets (2-3 GPU types, 16-64 GPUs, long-tailed or fixed lengths, async or sync, a few
 models), plans the MILP's best allocation, places it, reprices its weight sync on the placed links
-(as the planner does) and simulates it for warm-up + whole steady periods
+(as the planner does), prices it with the race of non-interruptible engines (planner.milp.raced,
+planner.tail_model.race_rate: the MILP still ranks on its slopes) and simulates it for warm-up + whole steady periods
 (traces.records.recommended_steps). Prints the ratio analytic / simulated per fleet, then the
 median and the worst (the further from 1, the more the MILP ranks plans on a wrong model), and the
 worst fleets again with their placed plans (trainer, engines), to find what the model misses, and
@@ -10,7 +11,12 @@ the geometric mean of the chosen plans' simulated samples/s (a better analytic m
 worse plans).
 `--compare REV` also runs this bench as it is at git revision REV (a temporary git worktree, in a
 subprocess, same fleets and seed) and prints both models side by side: ratios and chosen plans.
+`--settled` simulates each plan until its steady rate settles (sim.simulate(until_settled=True), the
+rule of traces.records.settled, at most traces.records.settle_cap steps) instead of the short
+recommended window, which can under- or over-state a long tail's steady rate (GRPO groups finishing
+in waves longer than the window); with --compare it runs this file against REV's planner and simulator.
 Usage: python bench/analytic_vs_sim.py [--fleets 50] [--seed 0] [--steps N] [--worst 8] [--compare REV]
+       [--settled]
 """
 
 from __future__ import annotations
@@ -27,13 +33,19 @@ import tempfile
 import time
 from pathlib import Path
 
-from planner.candidates import candidates
-from planner.milp import solve
+from planner.candidates import Candidates, candidates
+from planner.milp import Solution, solve
 from planner.placement import reprice_sync, to_plan
 from sim import simulate
 from traces import Cluster, CostModel, Workload, get_model
 from traces.lengths import LengthDist
-from traces.records import recommended_steps
+from traces.records import recommended_steps, settle_cap
+
+try:  # --settled --compare runs this file against older revisions, which price without the race
+    from planner.milp import raced
+except ImportError:  # pragma: no cover - older revisions only
+    def raced(cand: Candidates, sol: Solution) -> Solution:
+        return sol
 
 TYPES = ["H100", "H800", "H20", "A100-80G", "L40S", "H200"]
 MODELS = ["qwen2.5-1.5b", "qwen2.5-7b", "llama-3.1-8b"]
@@ -56,15 +68,17 @@ def random_case(rng: random.Random) -> tuple[Cluster, Workload]:
     return Cluster(name="random", node_groups=groups), w
 
 
-def ratio(cm: CostModel, cluster: Cluster, w: Workload, steps: int | None) -> tuple[float, float, str, str] | None:
+def ratio(cm: CostModel, cluster: Cluster, w: Workload, steps: int | None, settled: bool = False
+          ) -> tuple[float, float, str, str] | None:
     cand = candidates(cm, cluster, w)
     found = solve(cand, w.mode, "throughput", None, None, 1, "auto")
     if not found:
         return None
     plan = to_plan(cluster, w, cand, found[0])
-    sol = reprice_sync(cm, cluster, w, cand, found[0], plan)
-    n = steps or recommended_steps(w.staleness if w.mode == "async" else 0)
-    r = simulate(cluster, w, plan, cm, steps=n, seed=0, record_queue=False)
+    sol = raced(cand, reprice_sync(cm, cluster, w, cand, found[0], plan))
+    eta = w.staleness if w.mode == "async" else 0
+    n = steps or (settle_cap(eta) if settled else recommended_steps(eta))
+    r = simulate(cluster, w, plan, cm, steps=n, seed=0, record_queue=False, until_settled=settled)
     mix = " ".join(f"{g.instances}x{g.gpu_type}-tp{g.tp}" for g in plan.rollout)
     placed = f"trainer {len(plan.trainer.nodes)} {plan.trainer.gpu_type} node(s); engines {mix}"
     return sol.samples_per_s, r.samples_per_s, sol.bottleneck, placed
@@ -92,8 +106,10 @@ def at_revision(rev: str, args: argparse.Namespace) -> dict[int, tuple[float, fl
         subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", str(tree), rev], check=True,
                        capture_output=True)
         try:
-            cmd = [sys.executable, "bench/analytic_vs_sim.py", "--fleets", str(args.fleets), "--seed",
-                   str(args.seed), "--worst", "0"] + (["--steps", str(args.steps)] if args.steps else [])
+            script = str(Path(__file__).resolve()) if args.settled else "bench/analytic_vs_sim.py"
+            cmd = [sys.executable, script, "--fleets", str(args.fleets), "--seed",
+                   str(args.seed), "--worst", "0"] + (["--steps", str(args.steps)] if args.steps else []) + (
+                       ["--settled"] if args.settled else [])
             out = subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True,
                                  text=True, check=True).stdout
         finally:
@@ -114,6 +130,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="trainer steps per simulation (default: recommended)")
     ap.add_argument("--worst", type=int, default=8, help="print this many worst fleets with their plans")
     ap.add_argument("--compare", metavar="REV", help="also run the bench at this git revision, side by side")
+    ap.add_argument("--settled", action="store_true", help="simulate until the steady rate settles")
     args = ap.parse_args()
     t_old = time.perf_counter()
     old = at_revision(args.compare, args) if args.compare else {}
@@ -126,7 +143,7 @@ def main() -> None:
           f"{'analytic':>9} {'simulated':>9} {'ratio':>6} bottleneck")
     for i in range(args.fleets):
         cluster, w = random_case(rng)
-        got = ratio(cm, cluster, w, args.steps)
+        got = ratio(cm, cluster, w, args.steps, args.settled)
         if got is None:
             continue
         analytic, simulated, bottleneck, placed = got

@@ -26,7 +26,7 @@ from itertools import product
 import numpy as np
 
 from planner import agentic_rate
-from planner.tail_model import drain_loss_seconds, residual_lengths
+from planner.tail_model import LENGTH_PROBS, DrainCurve, drain_loss_seconds, residual_lengths
 from traces import Cluster, CostModel, GpuType, ModelSpec, Workload
 from traces.costmodel.rl import trainer_fits, trainer_step_seconds
 from traces.lengths import LengthDist
@@ -73,6 +73,8 @@ class EngineOption:
     # plus re-prefilling the KV cache of the samples it holds; not, draining them (planner.tail_model)
     update_seconds: tuple[float, ...] = ()
     ep: int = 1  # expert-parallel ranks (1 or tp)
+    # not interruptible, single-turn: its one-shot drain and routing key (planner.tail_model.race_rate)
+    drain: DrainCurve | None = None
 
     def derated(self, period: float) -> EngineOption:
         """The rate curve with each step's update pause taken out, for a trainer step of `period` s."""
@@ -192,6 +194,7 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
         context = agentic_rate.decode_context(workload)
     draws = np.sort(workload.response_len.sample(np.random.default_rng(0), DRAWS))
     residuals = residual_lengths(draws)
+    longest = tuple(expected_longest(workload.response_len, 2 ** k) for k in range(LONGEST_OF))
     out = []
     for pool in pools:
         for tp in _divisors(pool.per_node):
@@ -222,18 +225,37 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
                 widths = np.diff(np.r_[0.0, held])
                 slopes = np.minimum.accumulate(np.diff(np.r_[0.0, rates]) / widths)  # keep the curve concave
                 update: tuple[float, ...] = ()
+                curve = None
                 if workload.interruptible and workload.mode == "async":
                     reprefill = cm.prefill(pool.gpu, model, tp, points * context, context, ep).seconds
                     update = tuple((sync_seconds + reprefill).tolist())
                 elif workload.mode == "async":
                     update = drain_update_seconds(cm, pool.gpu, workload, tp, ep, points, residuals, context,
                                                   sync_seconds)
+                    if not episodes and workload.dynamic_sampling is None:
+                        curve = drain_curve(cm, pool.gpu, workload, tp, ep, points, draws, longest)
                 out.append(EngineOption(pool.index, tp, float((widths * slopes).sum()), full,
                                         tp * pool.gpu.price_per_gpu_hour,
                                         tuple(zip(widths.tolist(), slopes.tolist(), strict=True)),
                                         agentic_rate.longest_episode_seconds(cm, pool.gpu, workload, tp, ep) if episodes
-                                        else _longest_sample_seconds(cm, pool.gpu, workload, tp, ep), update, ep))
+                                        else _longest_sample_seconds(cm, pool.gpu, workload, tp, ep), update, ep,
+                                        curve))
     return out
+
+
+def drain_curve(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, ep: int, points: np.ndarray,
+                draws: np.ndarray, longest: tuple[float, ...]) -> DrainCurve:
+    """D(n) = n / drain_rates(n) at the load points, and the simulator's routing key there: one decode
+    iteration of n samples at a mean-length sample's context, prompt + E[o] / 2 (sim.simulate)."""
+    seconds = points / drain_rates(cm, gpu, workload, tp, points, draws, ep)
+    mean = workload.prompt_len.expected() + workload.response_len.expected() / 2
+    keys = np.asarray(cm.decode(gpu, workload.model, tp, points, mean, ep).seconds, float)
+    quantiles = np.quantile(draws, LENGTH_PROBS)
+    # the longest sample runs alone at the end: one iteration of one sample at a long sample's mean context
+    alone = float(cm.decode(gpu, workload.model, tp, 1, workload.prompt_len.expected() + quantiles[-1] / 2, ep
+                            ).seconds)
+    return DrainCurve(tuple(points.astype(float).tolist()), tuple(seconds.tolist()), tuple(keys.tolist()),
+                      tuple(quantiles.tolist()), alone, longest)
 
 
 def drain_update_seconds(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, ep: int, points: np.ndarray,
@@ -247,6 +269,7 @@ def drain_update_seconds(cm: CostModel, gpu: GpuType, workload: Workload, tp: in
 
 
 DRAWS = 4096  # seeded response draws for the on-policy drain curve
+LONGEST_OF = 14  # the expected longest of 2^k responses, k < this (cohorts up to 8192 samples)
 
 
 def drain_rates(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, points: np.ndarray,

@@ -44,6 +44,7 @@ import pulp
 
 from planner.bounds import Deadline
 from planner.candidates import Candidates, EngineOption, TrainerOption
+from planner.tail_model import race_rate
 from traces import SpecError
 
 Objective = Literal["throughput", "cost"]
@@ -104,20 +105,38 @@ def generation(engines: tuple[tuple[EngineOption, int], ...], in_flight: float) 
 
 
 def evaluate(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...],
-             mode: Mode = "async") -> tuple[float, float, float, float, float]:
-    """(samples/s, generation, training, tail ceiling, $/h) of one allocation, analytically."""
+             mode: Mode = "async", race: bool = False) -> tuple[float, float, float, float, float]:
+    """(samples/s, generation, training, tail ceiling, $/h) of one allocation, analytically: by the
+    MILP's slope model, or (`race`) engines that are not interruptible by planner.tail_model.race_rate."""
     batch = cand.samples_per_step
     shared = mode == "colocated"
     cost = trainer.price_per_hour + (0.0 if shared else sum(o.price_per_hour * n for o, n in engines))
     if mode == "async":
         rate = _async_rate(cand, trainer, engines)
         gen = generation(engines, cand.in_flight_cap(trainer.step_seconds, rate))
+        priced = _race(cand, trainer, engines) if race else math.nan
+        if math.isfinite(priced):  # engines that drain before each update: where each version's samples land
+            rate, gen = priced, priced if priced < trainer.samples_per_s * (1 - 1e-9) else gen
         return rate, gen, trainer.samples_per_s, math.inf, cost
     gen = generation(engines, batch)
     longest = max((o.tail_seconds for o, n in engines if n > 0), default=math.inf)
     switch = 2 * trainer.switch_seconds if shared else 0.0
     step = max(batch / gen, longest) + trainer.step_seconds + switch if gen > 0 else math.inf
     return batch / step, gen, trainer.samples_per_s, batch / longest, cost
+
+
+def raced(cand: Candidates, sol: Solution) -> Solution:
+    """`sol` priced by evaluate(race=True): the MILP itself still ranks on its slopes."""
+    rate, gen, train, tail, _ = evaluate(cand, sol.trainer, sol.engines, sol.mode, race=True)
+    return dataclasses.replace(sol, samples_per_s=rate, generation_per_s=gen, training_per_s=train, tail_per_s=tail)
+
+
+def _race(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...]) -> float:
+    """planner.tail_model.race_rate for engines that are not interruptible (nan where it does not apply)."""
+    if cand.interruptible or cand.generated_per_trained != 1 or not engines or any(o.drain is None for o, _ in engines):
+        return math.nan
+    return race_rate(tuple((o.drain, o.batch, n) for o, n in engines if n > 0), cand.samples_per_step,  # type: ignore[misc]
+                     cand.staleness, trainer.step_seconds, min(cand.sync_seconds, trainer.step_seconds))
 
 
 def _async_rate(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...]) -> float:

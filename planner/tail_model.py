@@ -16,13 +16,25 @@ seconds per step: the drain (or the weights, if they come later) less the n E[R]
 it did, which a full batch of n would have done in E[R] iterations of t(n).
 EngineOption.derated takes the loss out of each trainer period, as it does an interruptible
 engine's weight wait.
+
+That loss assumes every version's samples spread over all engines. The simulator does not spread
+them so: an engine still draining when the weights come in accepts nothing until it has drained,
+and the first to drain takes what the version admits (race_rate steps this version by version;
+with fixed lengths, eta 1, it halves the rate: bench/analytic_vs_sim.py seed 0 #18, 131 samples/s
+by the slopes, 65 by the race, 65 simulated). planner.milp.raced prices the MILP's answer with it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
+
+from traces.records import period, steady_state
+from traces.staleness import admission_cap, lag_bound
 
 RESIDUAL_DRAWS = 1 << 14  # seeded residual lengths per workload
 POSITIONS = 65  # decode positions priced along a drain (as drain_rates)
@@ -49,3 +61,170 @@ def drain_loss_seconds(residuals: np.ndarray, points: np.ndarray, iteration: Ite
     drain = ((it[:, 1:] + it[:, :-1]) / 2 * np.diff(k, axis=1)).sum(axis=1)
     full = np.asarray(iteration(n[:, 0], np.full(len(n), context)), dtype=float)
     return np.maximum(0.0, np.maximum(drain, sync_seconds) - residuals.mean() * full)
+
+
+# ---- the version race: where each version's allowance lands (non-interruptible engines) ---------
+@dataclass(frozen=True)
+class DrainCurve:
+    """One engine handed n samples at once: D(n), the seconds until its last one finishes (its
+    prefill, then a batch that thins as samples finish: planner.candidates.drain_rates), the
+    router's key (one decode iteration of n mean-length samples: sim.simulate's mean_iteration_s),
+    the response lengths' quantiles at LENGTH_PROBS, and one decode iteration alone (seconds)."""
+
+    points: tuple[float, ...]
+    seconds: tuple[float, ...]
+    keys: tuple[float, ...]
+    quantiles: tuple[float, ...] = ()
+    alone_seconds: float = 0.0
+    longest: tuple[float, ...] = ()  # [k]: the expected longest of 2^k responses (seeded cohorts)
+
+    def drain(self, n: float) -> float:
+        return float(np.interp(n, (0.0, *self.points), (0.0, *self.seconds)))
+
+    def slots_below(self, key: float) -> float:
+        """Slots whose key is at most `key` (the keys rise with load)."""
+        return float(np.interp(key, (0.0, *self.keys), (0.0, *self.points)))
+
+    def longest_of(self, n: float) -> float:
+        """The expected longest of n responses: E[max], above the n/(n+1) quantile for a long tail."""
+        return float(np.interp(math.log2(max(n, 1.0)), np.arange(len(self.longest)), self.longest))
+
+    def length(self, p: np.ndarray | float) -> np.ndarray:
+        """The response length at probability p (the drawn lengths' quantile)."""
+        return np.interp(p, LENGTH_PROBS, self.quantiles)
+
+
+# probabilities the lengths' quantiles are kept at: evenly, and into the tail (the longest of n ~ n/(n+1))
+LENGTH_PROBS = np.unique(np.r_[np.linspace(0.0, 1.0, 129), 1.0 - 2.0 ** -np.arange(1, 13)])
+CHUNKS = 8  # a batch's completions, in this many equal parts, at their quantiles
+RACE_PERIODS = 6  # whole periods after the warm-up over which the race's steady rate is taken
+RACE_MAX_ENGINES = 512  # beyond this the per-engine race is not run (the slope model stands)
+
+
+@functools.lru_cache(maxsize=4096)  # evaluate asks again for the same allocation at every derating
+def race_rate(engines: Sequence[tuple[DrainCurve, int, int]], batch: int, eta: float, step_seconds: float,
+              sync_seconds: float) -> float:
+    """Samples/s of engines that are not interruptible (curve, max batch, count each) under the
+    simulator's admission and routing rules, stepped version by version (nan if too many engines).
+
+    The rules (sim.controller, sim.engine, traces.staleness, traces.routing): version v's allowance
+    (admission_cap: (eta + v + 1) B ever admitted) is only routed to engines that accept, i.e. hold
+    weights v with no update pending. A trainer step publishes v + 1 and every engine gets a pending
+    update; a non-interruptible one takes it only once its batch has drained, so it accepts again at
+    max(its drain end, the weights in). Engines idle when the weights come in load them together and
+    the router water-fills them on its key; one still draining when they come in accepts alone, at
+    its own drain end, and takes all the allowance left up to its max batch (the first to drain
+    takes a whole cohort while the others idle: with fixed lengths the drains end within ms of each
+    other, so one engine wins each such race). No sample is admitted between versions, so every
+    engine runs one-shot batches, each taking D(n) scaled to the longest it drew (m engines handed
+    n each drew the p = (j + 0.5) / m quantiles of a max of n: the first drains early); its samples
+    finish at their lengths' quantiles along it (a batch's j-th of n at length q(j / (n + 1)), time
+    in proportion), and the longest of a version's N (E[max of N], on the engine that drew it) runs
+    on alone past its own batch's expected longest. Step s starts once the trainer is free, (s + 1) B
+    samples have finished and every sample admitted at versions <= s - ceil(eta) has
+    (traces.staleness); it publishes after step_seconds - sync_seconds, the weights are in
+    step_seconds after it starts. The rate is traces.records.steady_state's over warm-up +
+    RACE_PERIODS periods.
+    """
+    kind = np.repeat(np.arange(len(engines)), [n for _, _, n in engines])
+    if len(kind) > RACE_MAX_ENGINES or not len(kind):
+        return math.nan
+    curves = [c for c, _, _ in engines]
+    caps = np.array([float(m) for _, m, _ in engines])
+    lag = lag_bound(eta)
+    steps = period(eta) * (1 + RACE_PERIODS)
+    publish_after = max(0.0, step_seconds - sync_seconds)
+    free = np.zeros(len(kind))  # when each engine's batch has drained
+    done: list[tuple[float, float]] = []  # (time, samples) of completions, in CHUNKS parts per batch
+    last: dict[int, float] = {}  # version admitted at -> when its last sample finishes
+    dispatched, weights_in, step_ends = 0.0, 0.0, []
+    for s in range(steps):
+        pieces: list[tuple[float, float, float, DrainCurve]] = []  # (samples, drain end, own longest) per batch
+        while True:
+            start = _step_start(done, last, s, lag, batch, weights_in)
+            left = admission_cap(eta, s, batch) - dispatched
+            ready = np.maximum(free, weights_in)
+            at = float(ready.min())
+            if left < 0.5 or at >= start + publish_after:  # published v + 1 first: nobody accepts v any more
+                break
+            group = np.flatnonzero(free <= weights_in) if at == weights_in else np.array([int(ready.argmin())])
+            share = _water_fill(left, curves, caps, kind[group])
+            routed = float(share.sum())
+            if routed <= 0:
+                break
+            for e, n, p in zip(group.tolist(), share.tolist(), _ranks(kind[group]).tolist(), strict=True):
+                free[e] = at
+                if n <= 0:
+                    continue
+                c = curves[kind[e]]
+                own = float(c.length(n / (n + 1)))  # the longest D(n) drains to
+                drawn = float(c.length(p ** (1 / n)))  # this engine's longest: the p-quantile of a max of n
+                free[e] = at + c.drain(n) * drawn / max(own, 1.0)
+                ranks = (np.arange(CHUNKS) + 0.5) / CHUNKS * n / (n + 1)
+                done.extend(zip((at + c.drain(n) * c.length(ranks) / max(own, 1.0)).tolist(), [n / CHUNKS] * CHUNKS,
+                                strict=True))
+                pieces.append((n, float(free[e]), drawn, c))
+            last[s] = _version_end(pieces)
+            dispatched += routed
+        if not math.isfinite(start):
+            return 0.0
+        step_ends.append(start + publish_after)
+        weights_in = start + step_seconds
+    samples, seconds = steady_state(step_ends, [batch] * len(step_ends), eta)
+    return samples / seconds if seconds > 0 else 0.0
+
+
+def _ranks(kinds: np.ndarray) -> np.ndarray:
+    """Per engine, (j + 0.5) / m: its rank j among the m engines of its kind routed together, which
+    drew the same count but not the same lengths: their drains end in turn, not at once."""
+    out = np.empty(len(kinds))
+    for k in np.unique(kinds):
+        at = np.flatnonzero(kinds == k)
+        out[at] = (np.arange(len(at)) + 0.5) / len(at)
+    return out
+
+
+def _version_end(pieces: list[tuple[float, float, float, DrainCurve]]) -> float:
+    """When the last sample of one version's batches (samples, drain end, its own expected longest,
+    curve) finishes: the longest of all N of them (its expected value) is in a batch as likely as its
+    share, and runs alone past that batch's own longest; never before the last batch drains."""
+    total = sum(n for n, _, _, _ in pieces)
+    longest = [c.longest_of(total) for _, _, _, c in pieces]
+    tail = sum(n * (end + max(0.0, q - own) * c.alone_seconds)
+               for (n, end, own, c), q in zip(pieces, longest, strict=True)) / total
+    return max(tail, max(end for _, end, _, _ in pieces))
+
+
+def _step_start(done: list[tuple[float, float]], last: dict[int, float], step: int, lag: int, batch: int,
+                free: float) -> float:
+    """When step `step` may start: the trainer free, every sample of versions <= step - lag finished,
+    and (step + 1) B samples finished in all (inf until enough are routed)."""
+    start = max([free, *(t for v, t in last.items() if v <= step - lag)])
+    need, got = (step + 1) * batch - 1e-6, 0.0
+    for t, n in sorted(done):
+        got += n
+        if got >= need:
+            return max(start, t)
+    return math.inf
+
+
+def _water_fill(n: float, curves: list[DrainCurve], caps: np.ndarray, kinds: np.ndarray) -> np.ndarray:
+    """Samples per engine (of kinds `kinds`, all empty) when n are routed to the least key with one
+    more (traces.routing), up to each one's max batch: the key level that places n, by bisection."""
+    kk, count = np.unique(kinds, return_counts=True)
+
+    def placed(level: float) -> np.ndarray:
+        return np.array([min(caps[k], curves[k].slots_below(level)) for k in kk])
+
+    room = float((caps[kk] * count).sum())
+    if n >= room:
+        per = caps[kk]
+    else:
+        lo, hi = 0.0, max(max(curves[k].keys) for k in kk)
+        for _ in range(50):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if (placed(mid) * count).sum() < n else (lo, mid)
+        per = placed(hi)
+        per *= n / max((per * count).sum(), 1e-12)
+    where = {int(k): float(p) for k, p in zip(kk, per, strict=True)}
+    return np.array([where[int(k)] for k in kinds])
