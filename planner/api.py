@@ -21,7 +21,7 @@ from planner.confirm import best_confirmed, confirm, unsettled_note
 from planner.explain import check_request, explain_empty
 from planner.frameworks import RULES, solver_for
 from planner.marginal import marginal_values
-from planner.milp import Mode, Objective, solve
+from planner.milp import Mode, Objective, raced, solve
 from planner.parallel import Simulations
 from planner.rerank import climb, meet_target, without_slow_links
 from planner.scoring import Scored, Search, Trial
@@ -137,6 +137,9 @@ def plan_report(
         rivals = [b for b in base.values() if b.plan.mode == chosen.plan.mode and within(cluster, b.plan)
                   and not framework]
         chosen = best_confirmed(search, (chosen, *rivals)) if sim_steps > 0 else chosen
+        # the answer's analytic figure: non-interruptible engines priced by their race for each version's
+        # samples (planner.tail_model.race_rate; too slow to price every candidate, so the MILP ranks on its slopes)
+        chosen = dataclasses.replace(chosen, solution=raced(chosen.cand, chosen.solution))
         t3 = time.perf_counter()
         # the request's own MILP answered the marginal values' base question unless it asked another
         same = objective == "throughput" and target is None and not framework and whole

@@ -105,18 +105,15 @@ def generation(engines: tuple[tuple[EngineOption, int], ...], in_flight: float) 
 
 
 def evaluate(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...],
-             mode: Mode = "async", race: bool = False) -> tuple[float, float, float, float, float]:
-    """(samples/s, generation, training, tail ceiling, $/h) of one allocation, analytically: by the
-    MILP's slope model, or (`race`) engines that are not interruptible by planner.tail_model.race_rate."""
+             mode: Mode = "async") -> tuple[float, float, float, float, float]:
+    """(samples/s, generation, training, tail ceiling, $/h) of one allocation, analytically (the
+    MILP's slope model; `raced` prices engines that are not interruptible by their race)."""
     batch = cand.samples_per_step
     shared = mode == "colocated"
     cost = trainer.price_per_hour + (0.0 if shared else sum(o.price_per_hour * n for o, n in engines))
     if mode == "async":
         rate = _async_rate(cand, trainer, engines)
         gen = generation(engines, cand.in_flight_cap(trainer.step_seconds, rate))
-        priced = _race(cand, trainer, engines) if race else math.nan
-        if math.isfinite(priced):  # engines that drain before each update: where each version's samples land
-            rate, gen = priced, priced if priced < trainer.samples_per_s * (1 - 1e-9) else gen
         return rate, gen, trainer.samples_per_s, math.inf, cost
     gen = generation(engines, batch)
     longest = max((o.tail_seconds for o, n in engines if n > 0), default=math.inf)
@@ -126,9 +123,14 @@ def evaluate(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[Engi
 
 
 def raced(cand: Candidates, sol: Solution) -> Solution:
-    """`sol` priced by evaluate(race=True): the MILP itself still ranks on its slopes."""
-    rate, gen, train, tail, _ = evaluate(cand, sol.trainer, sol.engines, sol.mode, race=True)
-    return dataclasses.replace(sol, samples_per_s=rate, generation_per_s=gen, training_per_s=train, tail_per_s=tail)
+    """`sol` with engines that are not interruptible priced by their race for each version's samples
+    (planner.tail_model.race_rate); `sol` itself where that does not apply. The MILP still ranks on
+    its slopes: the race is too slow to price every candidate."""
+    priced = _race(cand, sol.trainer, sol.engines) if sol.mode == "async" else math.nan
+    if not math.isfinite(priced):
+        return sol
+    gen = priced if priced < sol.trainer.samples_per_s * (1 - 1e-9) else sol.generation_per_s  # generation-bound
+    return dataclasses.replace(sol, samples_per_s=priced, generation_per_s=gen)
 
 
 def _race(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...]) -> float:
