@@ -173,10 +173,8 @@ class Search:
             todo[key] = (dataclasses.replace(job, wall_seconds=max(self.deadline.left(), 1.0)), [(i, t, plan, sol)])
         results = self.sims.run([job for job, _ in todo.values()])
         for (key, (job, uses)), result in zip(todo.items(), results, strict=True):
-            if isinstance(result, SpecError):
-                if self.deadline.expired(where):  # cut short by the request's clock, not by the plan
-                    continue
-                raise result
+            if not self._finished(result, where):
+                continue
             for i, t, plan, sol in uses:
                 out[i] = Scored(t.name, plan, sol, result, t.cand, job)
             self._seen[key] = out[uses[0][0]]  # type: ignore[assignment]
@@ -204,14 +202,21 @@ class Search:
                                                  wall_seconds=max(self.deadline.left(), 1.0)), [i])
         results = self.sims.run([job for job, _ in todo.values()])
         for (key, (_, uses)), result in zip(todo.items(), results, strict=True):
-            if isinstance(result, SpecError):
-                if self.deadline.expired(where):
-                    continue
-                raise result
+            if not self._finished(result, where):
+                continue
             self._settled[key] = result
             for i in uses:
                 out[i] = dataclasses.replace(scored[i], simulated=result, screened=scored[i].simulated)
         return out
+
+    def _finished(self, result: SimResult | SpecError, where: str) -> bool:
+        """Whether a simulation ran to its end: False when the request's clock cut it short; the
+        plan's own SpecError is raised."""
+        if not isinstance(result, SpecError):
+            return True
+        if self.deadline.expired(where):
+            return False
+        raise result
 
     def pick(self, ranked: tuple[Scored, ...] | list[Scored]) -> Scored:
         """The request's best: most samples/s, or the cheapest meeting the target (else the fastest)."""

@@ -66,18 +66,10 @@ class Controller:
         self._short: dict[int, int] = {}
         self._timer = 0  # generation of the trainer's wake-up timer: a newer one voids older ones
         self._retime_pending = False
-        # the ledger's allowance, kept until the controller changes the ledger (`_ledger_changed`): every
-        # engine's decision asks for it
-        self._allowance: int | None = None
 
     def allowance(self) -> int:
         """Samples the capacity rule lets in now."""
-        if self._allowance is None:
-            self._allowance = self.ledger.allowance()
-        return self._allowance
-
-    def _ledger_changed(self) -> None:
-        self._allowance = None
+        return self.ledger.allowance()
 
     # ---- routing ------------------------------------------------------------------------------
     def request_dispatch(self) -> None:
@@ -108,7 +100,6 @@ class Controller:
         if not len(engine):
             return
         first = self.ledger.admit(len(engine))
-        self._ledger_changed()
         sids = np.arange(first, first + len(engine))
         self.samples.start_version[sids] = version
         if self.samples.home is not None:  # an episode's turns all run where it was routed
@@ -194,7 +185,6 @@ class Controller:
         """Completions of start version `level` into the buffer, less those dynamic sampling drops."""
         if self.passes is None:
             self.ledger.buffer(level, sids, n)
-            self._ledger_changed()
             return
         passing = sids[self.passes[sids]]
         keep = self.ledger.accept(level, len(passing))
@@ -202,8 +192,6 @@ class Controller:
             self.ledger.buffer(level, passing[:keep], keep)
         if n - keep:
             self.ledger.drop(level, n - keep)
-        self._ledger_changed()
-        if n - keep:
             self.request_dispatch()  # the batch still lacks what was dropped: more may be admitted
 
     # ---- the trainer's view -------------------------------------------------------------------
@@ -269,7 +257,6 @@ class Controller:
     def take(self) -> np.ndarray:
         """The next chunk (the B oldest buffered samples unless streaming), by start version then sample id."""
         self.deliver()
-        self._ledger_changed()
         return np.concatenate(self.ledger.take(lambda chunks: np.sort(np.concatenate(chunks))))
 
     def train(self, step: int, rec: Recorder) -> tuple[int, int]:
@@ -282,5 +269,4 @@ class Controller:
     def new_version(self, version: int) -> None:
         """The trainer's weights are now `version`: new samples start under it."""
         self.ledger.version = version
-        self._ledger_changed()
         self.request_dispatch()

@@ -61,6 +61,11 @@ class DecodePlan:
     def completed_before(self, j: int) -> int:
         return int(self.done_through[j - 1]) - self.done_offset if j else 0
 
+    def ended(self, now: float) -> int:
+        """Jumps ended by `now` (a first jump's one end compared, not searched: busy fleets ask at every completion)."""
+        ends = self.ends
+        return (1 if ends[0] <= now else 0) if len(ends) == 1 else int(ends.searchsorted(now, "right"))
+
 
 @dataclass(slots=True)
 class DecodeRequest:
@@ -176,9 +181,8 @@ class DecodeCut:
 def cut_one(plan: DecodePlan, table: DecodeTable, now: float) -> DecodeCut:
     """`cuts_of` for one decode plan: the same kernel (stop_one is what stop_after runs per jump),
     on plain numbers instead of arrays of one."""
-    ends = plan.ends
-    j = (1 if ends[0] <= now else 0) if len(ends) == 1 else int(ends.searchsorted(now, "right"))
-    start = float(ends[j - 1]) if j else plan.t0
+    j = plan.ended(now)
+    start = float(plan.ends[j - 1]) if j else plan.t0
     done, rest = stop_one(table.base_arr, table.slope_arr, table.ds, int(plan.b[j]), float(plan.s[j]), int(plan.k[j]),
                           now - start)
     return DecodeCut(j, int(done), float(rest))

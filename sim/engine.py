@@ -96,8 +96,7 @@ class Engine:
     @property
     def update(self) -> tuple[int, float] | None:
         """A pending weight update: (version, time the new weights are in), or None."""
-        v = self._table.update_version[self.index]  # EngineTable.update_of inline: read at every decision
-        return None if v < 0 else (int(v), float(self._table.update_ready[self.index]))
+        return self._table.update_of(self.index)
 
     @update.setter
     def update(self, request: tuple[int, float] | None) -> None:
@@ -120,13 +119,8 @@ class Engine:
         if self._phases is not None:
             self.catch_up()
         running = len(self.batch.sid)
-        plan = self._plan
-        if plan is not None:  # samples whose jump has ended are gone already
-            ends = plan.ends
-            if len(ends) > 1:
-                running -= plan.completed_before(int(ends.searchsorted(now, "right")))
-            elif ends[0] <= now:  # a first jump that has ended (DecodePlan.completed_before(1) inline)
-                running -= int(plan.done_through[0]) - plan.done_offset
+        if self._plan is not None:  # samples whose jump has ended are gone already
+            running -= self._plan.completed_before(self._plan.ended(now))
         return running + len(self.waiting) + len(self.inbox)
 
     def queued(self) -> int:
@@ -170,9 +164,8 @@ class Engine:
     def run(self) -> Generator[simpy.Event, Any, None]:
         woken = False
         segment: Segment | Resume
-        table = self._table
-        while True:  # (table.update_version: a pending update's version, -1 for none; `update` without its tuple)
-            if table.update_version[self.index] >= 0 and (self.interruptible or not len(self.batch)):
+        while True:
+            if self._table.has_update(self.index) and (self.interruptible or not len(self.batch)):
                 if self.update[1] > self.env.now:  # engines waiting for the same weights load together
                     segment = yield self.fleet.load(self)
                 else:
@@ -239,7 +232,7 @@ class Engine:
 
     def quiet(self) -> bool:
         """Nothing but an interrupt can reach this engine: it may decide past its next decisions."""
-        return self._table.update_version[self.index] < 0 and self.controller.allowance() <= 0
+        return not self._table.has_update(self.index) and self.controller.allowance() <= 0
 
     def _run(self, sg: Segment) -> Generator[simpy.Event, Any, bool]:
         """Carry out a segment; an update arriving during a prefill voids the rest. False: idle."""

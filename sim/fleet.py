@@ -139,9 +139,6 @@ class Fleet:
 
     def lay_out(self, segments: list[Segment]) -> None:
         """The decode plans the segments ask for, laid out together (one engine alone: its first jump)."""
-        if len(segments) == 1 and (r := segments[0].request) is not None and r.stop_at_completion and r.new is None:
-            segments[0].plan = first_jump_plan(r, self.exit_tokens)  # one engine on its own (the usual case), as below
-            return
         wanted = [sg for sg in segments if sg.request is not None]
         if len(wanted) == 1 and wanted[0].request.stop_at_completion and wanted[0].request.new is None:  # type: ignore[union-attr]
             wanted[0].plan = first_jump_plan(wanted[0].request, self.exit_tokens)  # type: ignore[arg-type]
@@ -209,18 +206,17 @@ class Fleet:
         """Every engine at once: accepting (weights `version`, no update pending), and its load."""
         n = len(self.engines)
         acc = (self.table.update_version[:n] < 0) & (self.table.version[:n] == version)
-        if not self._to_lay_out:  # a busy fleet routes at every completion: Engine.load's arithmetic inline
-            now, where = self.env.now, self.table.where[:n].tolist()
-            return acc, np.array([(e.own_load(now) if w == OWN else e.load()) if a else 0
-                                  for e, a, w in zip(self.engines, acc.tolist(), where, strict=True)], np.int64)
-        loads = np.zeros(n, np.int64)
-        member = np.zeros(n, bool)
-        for g in self._to_lay_out:
-            loads[g.engines] = g.count + g.inbox_count
-            member[g.engines] = True
-        own = np.flatnonzero(acc & ~member)
+        loads, free = np.zeros(n, np.int64), acc
+        if self._to_lay_out:  # engines in a group being laid out: the group's counts
+            member = np.zeros(n, bool)
+            for g in self._to_lay_out:
+                loads[g.engines] = g.count + g.inbox_count
+                member[g.engines] = True
+            free = acc & ~member
+        own = np.flatnonzero(free)
         if len(own):
-            # the others: Engine.load's arithmetic inline, one pass of plain Python, one write into the array
+            # the others in one pass of plain Python (a busy fleet routes at every completion): an engine
+            # holding its own state skips Engine.load's check of where it is
             engines, now, where = self.engines, self.env.now, self.table.where[own].tolist()
             loads[own] = [engines[i].load() if w != OWN else engines[i].own_load(now)
                           for i, w in zip(own.tolist(), where, strict=True)]

@@ -105,6 +105,10 @@ class EngineTable:
         """Engine i's Parked or Loading when the fleet holds it there (`where`), else None."""
         return self.home[i] if self.where[i] == where else None
 
+    def has_update(self, i: int) -> bool:
+        """Whether engine i has a pending weight update (`update_of` without building its tuple)."""
+        return bool(self.update_version[i] >= 0)
+
     def update_of(self, i: int) -> tuple[int, float] | None:
         """Engine i's pending weight update: (version, time the new weights are in), or None."""
         v = self.update_version[i]

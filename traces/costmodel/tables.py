@@ -7,11 +7,13 @@ table says so, and the cost model scales the roofline to the nearest measured po
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -19,6 +21,9 @@ import pandas as pd
 from traces.errors import SpecError
 from traces.hardware import get_gpu
 from traces.io import read_user_text
+
+if TYPE_CHECKING:  # importlib.resources.abc from Python 3.11 only
+    from importlib.resources.abc import Traversable
 
 MAX_TABLE_BYTES = 64 * 1024**2  # a measured table: far more rows than a profile run writes
 MAX_AXIS = 1e12  # no axis (tokens, batch) nor a step's seconds comes near this; inf or 1e308 is a typo
@@ -61,7 +66,15 @@ def _gpu_name(name: str) -> str:
         return name.strip()
 
 
-_SHIPPED: dict[str, object] = {}  # ProfileTable.shipped's one table and the files' stamp it was read from
+def _shipped_files() -> list[Traversable]:
+    root = resources.files("traces").joinpath("data", "profiles")
+    return sorted((e for e in root.iterdir() if e.name.endswith(".csv")), key=lambda e: e.name)
+
+
+@functools.lru_cache(maxsize=1)  # the one table, while the files' stamp is the same
+def _shipped(stamp: tuple[tuple[str, int, int], ...]) -> ProfileTable:
+    frames = [_read_text(e.read_text(encoding="utf-8"), e.name) for e in _shipped_files()]
+    return ProfileTable.from_frame(pd.concat(frames, ignore_index=True)) if frames else ProfileTable.empty()
 
 
 def _stamp(entry: object) -> tuple[int, int]:
@@ -95,15 +108,7 @@ class ProfileTable:
         are (each `CostModel()` asks: re-reading them took about 40 ms, a request's or a bench
         repeat's whole budget on a small fleet). The table is never changed after construction,
         so one object can serve every cost model."""
-        root = resources.files("traces").joinpath("data", "profiles")
-        entries = sorted((e for e in root.iterdir() if e.name.endswith(".csv")), key=lambda e: e.name)
-        stamp = tuple((e.name, *_stamp(e)) for e in entries)
-        if _SHIPPED.get("stamp") != stamp or "table" not in _SHIPPED:
-            frames = [_read_text(e.read_text(encoding="utf-8"), e.name) for e in entries]
-            table = cls.from_frame(pd.concat(frames, ignore_index=True)) if frames else cls.empty()
-            _SHIPPED.clear()
-            _SHIPPED.update(stamp=stamp, table=table)
-        return _SHIPPED["table"]  # type: ignore[return-value]
+        return _shipped(tuple((e.name, *_stamp(e)) for e in _shipped_files()))
 
     @classmethod
     def from_frame(cls, frame: pd.DataFrame, origin: str = "profile table") -> ProfileTable:
