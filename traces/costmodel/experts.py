@@ -44,6 +44,16 @@ def expert_ways(tp: ArrayLike, ep: ArrayLike) -> Array:
     return np.where(e > 1, e, t)
 
 
+def remote_nodes_hit(experts: int, top_k: int, nodes: ArrayLike) -> Array:
+    """Expected other nodes holding at least one of a token's top-k experts, the experts spread evenly
+    over `nodes` nodes and routed uniformly (k distinct experts): (nodes - 1) (1 - C(E - E/nodes, k) / C(E, k))."""
+    n = np.maximum(_f(nodes), 1.0)
+    miss = np.ones_like(n)
+    for i in range(top_k):  # C(E - E/n, k) / C(E, k) as a product of k ratios
+        miss = miss * np.maximum(experts - experts / n - i, 0.0) / (experts - i)
+    return (n - 1) * (1 - miss)
+
+
 def train_alltoall_seconds(
     model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, ep: ArrayLike, tokens: ArrayLike,
     eff: Efficiency, *, passes: float, link_bytes_per_s: float, gpus_per_node: int, inter_node_bytes_per_s: float,
@@ -51,13 +61,23 @@ def train_alltoall_seconds(
     """Expert-parallel token traffic of one training step: per pass, 2 all-to-alls (dispatch and
     combine) per MoE layer of a pipeline stage, each carrying the GPU's tokens (N / (dp tp), sequence
     parallel) x top-k x hidden. The EP group is ep consecutive dp x tp ranks: over the node's link
-    while it fits one node, else over the network."""
+    while it fits one node. Across nodes the dispatch is node-deduplicated, as DeepEP's normal kernels
+    (Megatron-Core's DeepEP/HybridEP dispatchers) send it: a token crosses the network once per remote
+    node holding any of its experts (remote_nodes_hit), at the NIC's rate (DeepEP docs/legacy.md,
+    github.com/deepseek-ai/DeepEP: 43-58 GB/s RDMA bottleneck bandwidth at EP16-64 on H800 with
+    ~50 GB/s CX7 NICs), and is forwarded to its top-k GPUs over NVLink within the node, overlapped
+    with the network leg (the slower of the two counts)."""
     if model.moe is None:
         return np.zeros(np.broadcast(_f(dp), _f(tp), _f(pp), _f(ep), _f(tokens)).shape)
     d, t, p, e, n = _f(dp), _f(tp), _f(pp), _f(ep), _f(tokens)
-    msg = n / (d * t) * model.moe.experts_per_token * model.hidden * model.bytes_per_param
-    bw = np.where(e <= gpus_per_node, link_bytes_per_s, inter_node_bytes_per_s)
-    return passes * 2 * (model.moe_layers / p) * alltoall_seconds(msg, e, bw, eff)
+    token_bytes = n / (d * t) * model.hidden * model.bytes_per_param
+    msg = token_bytes * model.moe.experts_per_token
+    within = alltoall_seconds(msg, e, link_bytes_per_s, eff)
+    nodes = np.maximum(e / gpus_per_node, 1.0)
+    network = token_bytes * remote_nodes_hit(model.moe.experts, model.moe.experts_per_token, nodes)
+    forward = (gpus_per_node - 1) / gpus_per_node * msg / link_bytes_per_s
+    across = np.maximum(network / inter_node_bytes_per_s, forward) + eff.collective_latency_s
+    return passes * 2 * (model.moe_layers / p) * np.where(e <= gpus_per_node, within, across)
 
 
 def expert_train_matmul(eff: Efficiency) -> float:
