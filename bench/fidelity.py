@@ -30,7 +30,7 @@ from traces.costmodel.fit import Case, leave_one_source_out, summary
 # scheduler-free graph loop (traces.costmodel.engine_kinds) starts at the floor: no cost beyond its kernels.
 NEUTRAL = replace(DEFAULT_EFFICIENCY, matmul=0.5, memory=0.7, decode_overhead_s=0.004, decode_overhead_per_seq_s=0.0,
                   graph_loop_decode_overhead_s=1e-4, prefill_overhead_s=0.0, train_matmul=0.67, expert_matmul=1.0,
-                  collective_latency_s=3.1e-5, sync_fixed_s=0.05)
+                  collective_latency_s=3.1e-5, sync_fixed_s=0.05, moe_layer_overhead_s=0.0)
 # Weight of the log-space prior (traces.costmodel.fit): a field moved by a factor 1.5 off its start
 # costs about as much as one row predicted 10% off (soft-L1 at f_scale 0.1). Chosen once, not tuned.
 PRIOR_WEIGHT = 0.3
@@ -40,7 +40,7 @@ PRIOR_WEIGHT = 0.3
 # unchanged (bench/fidelity.py --quick, 44 point rows, 2026-12-02). `--fields` can still add it.
 FIELDS = ("matmul", "memory", "roofline_p", "decode_overhead_s", "decode_overhead_per_seq_s",
           "graph_loop_decode_overhead_s", "prefill_overhead_s",
-          "train_matmul", "expert_matmul", "train_half_tokens", "comm_overlap",
+          "train_matmul", "expert_matmul", "train_half_tokens", "moe_layer_overhead_s", "comm_overlap",
           "sync_fixed_s", "sync_per_tensor_s")
 
 

@@ -153,7 +153,13 @@ def _train(row: CalibrationRow, model: ModelSpec, gpu: GpuType) -> Callable[[Cos
     if (dp * tp) % ep:
         return f"EP {ep} does not divide the {dp * tp} dp x tp ranks"
 
+    # A step captured in CUDA graphs (C67: Megatron-Core with HybridEP, whose dispatch needs no host
+    # wait) replays its launches: no fixed cost per MoE layer (Efficiency.moe_layer_overhead_s).
+    graphs = "CUDA graphs" in row.engine
+
     def seconds(cm: CostModel) -> float:
+        if graphs:
+            cm = replace(cm, efficiency=replace(cm.efficiency, moe_layer_overhead_s=0.0))
         return float(cm.train(gpu, model, dp, tp, pp, tokens, ep=ep, **kw).seconds)
 
     if row.unit == "mfu":

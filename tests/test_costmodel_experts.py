@@ -49,3 +49,40 @@ def test_cross_node_dispatch_sends_a_token_once_per_remote_node() -> None:
     inside = float(train_alltoall_seconds(model, dp, tp, pp, 8, tokens, EFF, **kw))
     assert math.isclose(inside, 2.0 * 2 * (model.moe_layers / pp) * 7 / 8 * token_bytes * 8 / 450e9, rel_tol=1e-9)
     assert np.isfinite(got)
+
+
+def test_moe_layer_overhead_adds_a_fixed_cost_per_layer_pass_and_micro_batch() -> None:
+    """Efficiency.moe_layer_overhead_s: per MoE layer of the stage, per pass (forward + 2 backward) and per
+    micro-batch; a dense model pays nothing."""
+    from traces import CostModel, get_gpu
+
+    gpu, moe, dense = get_gpu("H100"), get_model("qwen3-235b-a22b"), get_model("llama-3.1-8b")
+    kw = {"seq_len": 4096, "microbatch_tokens": 4096, "zero_stage": 1, "recompute": "selective", "ep": 8}
+    tokens, dp, tp, pp = 64 * 4096, 16, 1, 1  # 4 micro-batches per rank, no pipeline bubble
+
+    def step(model: object, overhead: float) -> float:
+        cm = CostModel.roofline_only(replace(DEFAULT_EFFICIENCY, moe_layer_overhead_s=overhead))
+        return float(cm.train(gpu, model, dp, tp, pp, tokens, **kw).seconds)  # type: ignore[arg-type]
+
+    assert moe.moe is not None
+    extra = step(moe, 1e-3) - step(moe, 0.0)
+    assert math.isclose(extra, 4 * 3 * moe.moe_layers * 1e-3, rel_tol=1e-9)
+    kw["ep"] = 1
+    assert step(dense, 1e-3) == step(dense, 0.0)
+
+
+def test_cuda_graph_rows_pay_no_moe_layer_overhead() -> None:
+    """C67 (Megatron-Core with HybridEP and CUDA graphs) replays its launches: its prediction does not move
+    with moe_layer_overhead_s, while C61 (no graphs) does."""
+    from sim.calibration_set import case
+    from traces import CostModel
+    from traces.calibration import load_calibration
+    from traces.costmodel.fit import Case
+
+    rows = {r.id: r for r in load_calibration()}
+    lo = CostModel.roofline_only(replace(DEFAULT_EFFICIENCY, moe_layer_overhead_s=0.0))
+    hi = CostModel.roofline_only(replace(DEFAULT_EFFICIENCY, moe_layer_overhead_s=2e-3))
+    c67, c61 = case(rows["C67"]), case(rows["C61"])
+    assert isinstance(c67, Case) and isinstance(c61, Case)
+    assert c67.predict(lo) == c67.predict(hi)
+    assert c61.predict(hi) < 0.9 * c61.predict(lo)

@@ -48,6 +48,12 @@ class Efficiency:
     # fit gives 0.33). One source only: held out, it is judged from the neutral start (1.0, no loss),
     # so its leave-one-source-out error shows what is not yet known.
     expert_matmul: float = 0.31
+    # Fixed cost per MoE layer, per pass (forward, backward, recompute) and per micro-batch of a training
+    # step, seconds: router, token permutation and the dispatch's host wait (DeepEP's normal kernels block
+    # the CPU until the GPU reports how many tokens arrive, docs/legacy.md of github.com/deepseek-ai/DeepEP,
+    # so the launches after it cannot run ahead). Off in the shipped profile, as roofline_p: bench/fidelity.py
+    # fits it (with expert_matmul: 1.1e-3 s and 0.45 over every MoE training row, 2026-12-02). 0: no such cost.
+    moe_layer_overhead_s: float = 0.0
     # Small micro-batches do not fill the GPU: the training matmul rate is scaled by
     # mb / (mb + train_half_tokens) for mb tokens per micro-batch (0: no such loss).
     train_half_tokens: float = 0.0

@@ -37,6 +37,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "train_matmul": (0.2, 1.0),
     "expert_matmul": (0.05, 1.0),
     "train_half_tokens": (1.0, 16384.0),
+    "moe_layer_overhead_s": (1e-6, 5e-3),
     "roofline_p": (1.0, 64.0),  # the sum .. (nearly) the larger of compute and memory
     "comm_overlap": (0.01, 0.99),  # log-space fit: a floor above 0
     "collective_latency_s": (1e-6, 1e-3),

@@ -224,6 +224,8 @@ def train_seconds(
     fill = mb / (mb + eff.train_half_tokens)  # small micro-batches leave the GPU part idle
     compute = per_token * n / (gpus * gpu.bf16_flops * (gpu.matmul_ceiling * eff.train_matmul) * fill)
     microbatches = np.maximum(np.ceil(n / d / mb), 1.0)
+    # a fixed cost per MoE layer of the stage, per pass and micro-batch (Efficiency.moe_layer_overhead_s)
+    compute = compute + microbatches * matmul_passes * (model.moe_layers / p) * eff.moe_layer_overhead_s
     compute = compute * (1 + (p - 1) / (microbatches * virtual_stages))
 
     passes = 1 if forward_only else 2  # forward (+ backward): all-reduces per layer each
