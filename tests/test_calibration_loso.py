@@ -49,6 +49,6 @@ def test_upper_bounds_hold_held_out(judged: list[Judged]) -> None:
 
 
 @pytest.mark.xfail(strict=True, reason="known miss (issue 20: worst <= 30%): the MoE training sources disagree on "
-                   "the expert cost (C34 gpt-oss-120b H100 held out ~+39%, C58-C59 Qwen3-235B ~-30%; calibration README)")
+                   "the expert cost (C34 gpt-oss-120b H100 held out +39%, C58-C59 Qwen3-235B -30%; calibration README)")
 def test_held_out_worst_within_30_percent(judged: list[Judged]) -> None:
     assert _held_out(judged)["worst_abs"] <= 0.30
