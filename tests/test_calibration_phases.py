@@ -29,18 +29,20 @@ CM = CostModel()
 # - padding: the logged logprob pass ran 1.72 M tokens in 72 s, 52 TFLOP/s per GPU (32% of peak);
 #   padded to 1024 + 3072 tokens (verl without use_remove_padding) it would need 190 TFLOP/s per
 #   GPU, above the peak: the log excludes it.
-GEN = ("generation -70%; at rollout.gpu_memory_utilization 0.5 (verl's ppo_trainer.yaml default, which the "
-       "issue does not show overridden; the cost model's engine_memory_fraction is 0.9) it is -40%: half the KV "
-       "cache runs fewer sequences at once; the rest is not explained (not the peak, not the link: see above)")
+# The run is written with verl's defaults where the issue publishes no setting (traces/data/runs/
+# verl-qwen3-4b-4x4090/README.md): rollout TP2 x 2, max_num_seqs 1024, trainer states resident, full recompute.
+GEN = ("generation -54%; the KV cache the write-down gives each engine (shipped 0.9 share less the resident "
+       "trainer states, 286k tokens) is within 20% of vLLM's own 50% share at verl's default "
+       "gpu_memory_utilization (244k), so the rest is not memory; not the peak, not the link: see above")
 LOGPROB = ("logprob passes -57% (52 TFLOP/s per GPU logged, 32% of peak; padding excluded, see above); not "
            "modelled, a candidate: FSDP all-gathers the parameters for every micro-batch, host-staged over "
            "PCIe here; the cost model prices one gather a pass")
-TRAIN = ("update_actor -80% (24 TFLOP/s per GPU logged, 15% MFU; 19% with full recompute); not modelled, "
-         "candidates: FSDP re-gathers parameters and reduce-scatters gradients every micro-batch (priced once a "
-         "step), host-staged over PCIe 4.0; gradient checkpointing and CPU offload, which the issue does not show")
+TRAIN = ("update_actor -74% with full recompute (verl's enable_gradient_checkpointing default; 24 TFLOP/s per GPU "
+         "logged, 15% MFU, 19% with the recompute); not modelled, candidates: FSDP re-gathers parameters and "
+         "reduce-scatters gradients every micro-batch (priced once a step), host-staged over PCIe 4.0")
 SYNC = ("update_weights -91%; not modelled: verl's FSDP -> vLLM resharding (full tensors gathered, loaded "
         "one by one) is priced as one broadcast")
-STEP = "step -72%: the sum of the misses above"
+STEP = "step -63%: the sum of the misses above"
 
 
 @pytest.mark.parametrize("row_id", [
@@ -68,14 +70,34 @@ def test_the_phase_rows_are_one_run_predicted_by_simulation() -> None:
     assert parts == pytest.approx(phases["step"], rel=0.02)
 
 
-def test_verls_rollout_memory_cap_moves_generation_towards_the_log() -> None:
-    """The one named cause that can be tried: at verl's default rollout.gpu_memory_utilization (0.5)
-    the simulated generation phase doubles towards the logged 541 s (from -70% to -40%)."""
+def _kv_tokens(fraction: float, resident: bool) -> float:
+    """KV tokens of one of the run's TP2 engines at an engine share of HBM, with or without the trainer
+    states the plan keeps resident (traces.costmodel.rl.colocated_resident_bytes)."""
     from dataclasses import replace
+    from importlib import resources
 
-    from sim.calibration_set import run_phases
+    from traces import load_cluster, load_plan, load_workload
+    from traces.costmodel.rl import colocated_resident_bytes
 
-    capped = CostModel(CM.tables, replace(CM.efficiency, engine_memory_fraction=0.5))
-    full, half = run_phases("verl-7412-qwen3-4b", CM)["wait"], run_phases("verl-7412-qwen3-4b", capped)["wait"]
-    assert full < half < ROWS["C53"].value
-    assert half / ROWS["C53"].value - 1 == pytest.approx(-0.40, abs=0.05)
+    d = resources.files("traces").joinpath("data", "runs", "verl-qwen3-4b-4x4090")
+    plan, workload = load_plan(str(d / "plan.json")), load_workload(str(d / "workload.yaml"))
+    gpu = load_cluster(str(d / "cluster.yaml")).gpu(plan.rollout[0].gpu_type)
+    cm = CostModel(CM.tables, replace(CM.efficiency, engine_memory_fraction=fraction))
+    kept = colocated_resident_bytes(workload, plan.trainer, plan.offload) if resident else 0.0
+    return float(cm.kv_capacity_tokens(gpu, workload.model, plan.rollout[0].tp, 1, kept))
+
+
+def test_the_written_down_kv_cache_is_near_vllms_share_at_verls_default() -> None:
+    """vLLM's gpu_memory_utilization is a per-instance share of the whole GPU (verl's default 0.5,
+    rollout.yaml); the FSDP states (16 GB per GPU) fit in the other half. The write-down's KV cache
+    (shipped share less the resident states) is within 20% of that share's, so the generation miss is not
+    the memory setting."""
+    assert _kv_tokens(0.9, resident=True) == pytest.approx(_kv_tokens(0.5, resident=False), rel=0.20)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "traces/costmodel/roofline.kv_capacity_tokens takes the resident trainer states out of the engine's "
+    "share (0.5 x 48 GB: 26k tokens left, 10x fewer than vLLM gives), so at verl's own 0.5 the simulated "
+    "generation is +83%; vLLM's share is of the whole GPU and the states live in the rest"))
+def test_verls_memory_share_is_not_charged_for_the_trainer_states() -> None:
+    assert _kv_tokens(0.5, resident=True) == pytest.approx(_kv_tokens(0.5, resident=False), rel=0.10)
