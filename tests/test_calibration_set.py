@@ -58,6 +58,14 @@ def test_rl_steps_cover_both_modes_and_a_per_phase_breakdown() -> None:
     assert any({"step_s", "gen_s", "train_s", "sync_s"} <= units for units in phases.values())
 
 
+def test_a_disaggregated_run_has_a_per_phase_breakdown() -> None:
+    runs: dict[str, set[str]] = defaultdict(set)
+    for r in _of("rl_step"):
+        if r.run and r.mode == "disaggregated":
+            runs[r.run].add(r.unit)
+    assert any({"step_s", "gen_s", "train_s"} <= units for units in runs.values())
+
+
 def test_every_row_has_a_source_a_unit_and_a_place_in_it() -> None:
     for r in ROWS:
         assert r.source and r.where and r.unit in UNITS[r.kind], r.id
