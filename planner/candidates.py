@@ -89,14 +89,10 @@ class EngineOption:
         """The rate curve with each step's update pause taken out, for a trainer step of `period` s."""
         if not self.update_seconds or not math.isfinite(period) or period <= 0:
             return self
-        # the pause at load b stops all b samples: the rate at b is r(b) (1 - u(b) / period), whole
-        # (scaling each segment's slope by its own point's keep would price the k-th sample's own loss
-        # only, not the longer pause it puts on the other k - 1: planner.rate_model)
-        widths = np.array([w for w, _ in self.segments])
-        keep = np.maximum(0.0, 1.0 - np.asarray(self.update_seconds) / period)
-        rates = np.cumsum(widths * np.array([s for _, s in self.segments])) * keep
-        slopes = np.maximum(0.0, np.minimum.accumulate(np.diff(np.r_[0.0, rates]) / widths))  # still concave
-        segments = tuple((float(w), float(s)) for w, s in zip(widths, slopes, strict=True))
+        keep = [max(0.0, 1.0 - u / period) for u in self.update_seconds]
+        segments = tuple((w, s * k) for (w, s), k in zip(self.segments, keep, strict=True))
+        slopes = np.minimum.accumulate([s for _, s in segments])  # still concave
+        segments = tuple((w, float(s)) for (w, _), s in zip(segments, slopes, strict=True))
         return dataclasses.replace(self, segments=segments, samples_per_s=sum(w * s for w, s in segments))
 
     def rate(self, load: float) -> float:
