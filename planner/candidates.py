@@ -19,6 +19,7 @@ of TP t with EP 1 or t (data-parallel attention, inside a node), trainers with E
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from itertools import product
@@ -73,8 +74,16 @@ class EngineOption:
     # plus re-prefilling the KV cache of the samples it holds; not, draining them (planner.tail_model)
     update_seconds: tuple[float, ...] = ()
     ep: int = 1  # expert-parallel ranks (1 or tp)
-    # not interruptible, single-turn: its one-shot drain and routing key (planner.tail_model.race_rate)
-    drain: DrainCurve | None = None
+    # single-turn, not interruptible or on-policy: its one-shot drain and routing key (planner.tail_model.race_rate),
+    # built when first asked for (LazyDrain)
+    drain_source: LazyDrain | None = None
+    # single-turn: the router's key at each segment's load (one decode iteration of that many
+    # mean-length samples: sim.simulate's mean_iteration_s), for planner.rate_model's routed loads
+    keys: tuple[float, ...] = ()
+
+    @property
+    def drain(self) -> DrainCurve | None:
+        return None if self.drain_source is None else self.drain_source.curve()
 
     def derated(self, period: float) -> EngineOption:
         """The rate curve with each step's update pause taken out, for a trainer step of `period` s."""
@@ -194,7 +203,7 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
         context = agentic_rate.decode_context(workload)
     draws = np.sort(workload.response_len.sample(np.random.default_rng(0), DRAWS))
     residuals = residual_lengths(draws)
-    longest = tuple(expected_longest(workload.response_len, 2 ** k) for k in range(LONGEST_OF))
+    key_context = prompt + response / 2  # a mean-length sample's, as the router's key (sim.simulate)
     out = []
     for pool in pools:
         for tp in _divisors(pool.per_node):
@@ -225,22 +234,45 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
                 widths = np.diff(np.r_[0.0, held])
                 slopes = np.minimum.accumulate(np.diff(np.r_[0.0, rates]) / widths)  # keep the curve concave
                 update: tuple[float, ...] = ()
-                curve = None
+                curve: LazyDrain | None = None
+                keys: tuple[float, ...] = ()
                 if workload.interruptible and workload.mode == "async":
                     reprefill = cm.prefill(pool.gpu, model, tp, points * context, context, ep).seconds
                     update = tuple((sync_seconds + reprefill).tolist())
+                    if not episodes:  # priced at its routed load (planner.rate_model.raced)
+                        keys = tuple(np.asarray(cm.decode(pool.gpu, model, tp, held, key_context, ep).seconds,
+                                                float).tolist())
                 elif workload.mode == "async":
                     update = drain_update_seconds(cm, pool.gpu, workload, tp, ep, points, residuals, context,
                                                   sync_seconds)
-                    if not episodes and workload.dynamic_sampling is None:
-                        curve = drain_curve(cm, pool.gpu, workload, tp, ep, points, draws, longest)
+                raced = workload.mode == "sync" or (workload.mode == "async" and not workload.interruptible)
+                if raced and not episodes and workload.dynamic_sampling is None:
+                    curve = LazyDrain(cm, pool.gpu, workload, tp, ep, points, draws)  # planner.rate_model.raced
                 out.append(EngineOption(pool.index, tp, float((widths * slopes).sum()), full,
                                         tp * pool.gpu.price_per_gpu_hour,
                                         tuple(zip(widths.tolist(), slopes.tolist(), strict=True)),
                                         agentic_rate.longest_episode_seconds(cm, pool.gpu, workload, tp, ep) if episodes
                                         else _longest_sample_seconds(cm, pool.gpu, workload, tp, ep), update, ep,
-                                        curve))
+                                        curve, keys))
     return out
+
+
+class LazyDrain:
+    """One engine option's drain_curve, built when planner.rate_model.raced first asks for it: only the answer
+    (and what the planner confirms) is raced, so building every option's curve up front was wasted
+    work on most requests (a third of the candidate build on the demo fleet, not interruptible).
+    Compared by identity: derated copies of an option share it."""
+
+    def __init__(self, cm: CostModel, gpu: GpuType, workload: Workload, tp: int, ep: int, points: np.ndarray,
+                 draws: np.ndarray) -> None:
+        self._args = (cm, gpu, workload, tp, ep, points, draws)
+        self._curve: DrainCurve | None = None
+
+    def curve(self) -> DrainCurve:
+        if self._curve is None:
+            cm, gpu, workload, tp, ep, points, draws = self._args
+            self._curve = drain_curve(cm, gpu, workload, tp, ep, points, draws, _longest_of(workload.response_len))
+        return self._curve
 
 
 def drain_curve(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, ep: int, points: np.ndarray,
@@ -394,6 +426,12 @@ def _tail_seconds_per_token(cm: CostModel, pools: tuple[Pool, ...], workload: Wo
         return 0.0
     e = max(engines, key=lambda o: o.samples_per_s / o.price_per_hour)
     return agentic_rate.tail_seconds_per_token(cm, pools[e.pool].gpu, workload, e.tp, e.batch, e.ep)
+
+
+@functools.lru_cache(maxsize=64)  # every drain curve of a request asks for the same lengths' figures
+def _longest_of(dist: LengthDist) -> tuple[float, ...]:
+    """The expected longest of 2^k responses, k < LONGEST_OF."""
+    return tuple(expected_longest(dist, 2 ** k) for k in range(LONGEST_OF))
 
 
 def expected_longest(dist: LengthDist, n: int, cohorts: int = 16) -> float:

@@ -26,6 +26,8 @@ which is not linear. For a fixed trainer and a fixed slowest allowed engine type
 they are solved exactly by enumerating both and maximising G in the MILP above (in flight: one
 batch; each engine's curve its drain rate, planner.candidates.drain_rates: a one-shot batch thins
 out as its samples finish). Colocated plans share one pool's GPUs and are enumerated outright.
+The rate model itself (`evaluate`, and `raced`, which prices the answer by the simulator's routing
+and update rules) is planner.rate_model.
 """
 
 from __future__ import annotations
@@ -44,37 +46,14 @@ import pulp
 
 from planner.bounds import Deadline
 from planner.candidates import Candidates, EngineOption, TrainerOption
-from planner.tail_model import race_rate
+from planner.rate_model import Mode, Solution, evaluate
+from planner.rate_model import raced as raced  # re-exported: the answer's priced figure (planner.api)
 from traces import SpecError
 
 Objective = Literal["throughput", "cost"]
-Mode = Literal["async", "sync", "colocated"]
 SOLVE_SECONDS = 60  # a bound on any one solve, so no input can hang the planner
 TIE_BREAK = 1e-6  # samples/s traded per $/h among plans that tie on throughput
 FIXED_POINT_ROUNDS = 4
-
-
-@dataclass(frozen=True)
-class Solution:
-    trainer: TrainerOption
-    engines: tuple[tuple[EngineOption, int], ...]  # (option, count), counts > 0
-    samples_per_s: float  # analytic
-    generation_per_s: float  # what the engines sustain under the in-flight cap
-    training_per_s: float
-    tail_per_s: float  # on-policy: B / the slowest engine's longest sample (inf for async)
-    cost_per_hour: float
-    lp_bound: float  # the LP relaxation's objective: no plan can do better
-    gap: float  # proven optimality gap of this solution (0 for exact enumeration)
-    mode: Mode = "async"
-
-    @property
-    def bottleneck(self) -> str:
-        if self.mode != "async":
-            return "alternation: generation and training take turns"
-        g, t = self.generation_per_s, self.training_per_s
-        if abs(g - t) <= 0.02 * max(g, t):
-            return "balanced: generation and training"
-        return "generation" if g < t else "training"
 
 
 def solver(name: str = "auto", mip: bool = True, seconds: float = SOLVE_SECONDS) -> pulp.LpSolver:
@@ -89,74 +68,6 @@ def solver(name: str = "auto", mip: bool = True, seconds: float = SOLVE_SECONDS)
         if name == "highs":
             raise SpecError("solver 'highs' is not installed (pip install highspy); use --solver cbc")
     return pulp.PULP_CBC_CMD(mip=mip, msg=False, timeLimit=limit, gapRel=1e-7)
-
-
-# ---- the analytic model, shared by the MILP's read-back and by brute force --------------------
-def generation(engines: tuple[tuple[EngineOption, int], ...], in_flight: float) -> float:
-    """Samples/s of these engines holding at most `in_flight` samples, spread to the best slopes."""
-    pieces = sorted(((slope, width * n) for o, n in engines for width, slope in o.segments), reverse=True)
-    out, left = 0.0, float(in_flight)
-    for slope, width in pieces:
-        take = min(width, left)
-        out, left = out + take * slope, left - take
-        if left <= 0:
-            break
-    return out
-
-
-def evaluate(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...],
-             mode: Mode = "async") -> tuple[float, float, float, float, float]:
-    """(samples/s, generation, training, tail ceiling, $/h) of one allocation, analytically (the
-    MILP's slope model; `raced` prices engines that are not interruptible by their race)."""
-    batch = cand.samples_per_step
-    shared = mode == "colocated"
-    cost = trainer.price_per_hour + (0.0 if shared else sum(o.price_per_hour * n for o, n in engines))
-    if mode == "async":
-        rate = _async_rate(cand, trainer, engines)
-        gen = generation(engines, cand.in_flight_cap(trainer.step_seconds, rate))
-        return rate, gen, trainer.samples_per_s, math.inf, cost
-    gen = generation(engines, batch)
-    longest = max((o.tail_seconds for o, n in engines if n > 0), default=math.inf)
-    switch = 2 * trainer.switch_seconds if shared else 0.0
-    step = max(batch / gen, longest) + trainer.step_seconds + switch if gen > 0 else math.inf
-    return batch / step, gen, trainer.samples_per_s, batch / longest, cost
-
-
-def raced(cand: Candidates, sol: Solution) -> Solution:
-    """`sol` with engines that are not interruptible priced by their race for each version's samples
-    (planner.tail_model.race_rate); `sol` itself where that does not apply. The MILP still ranks on
-    its slopes: the race is too slow to price every candidate."""
-    priced = _race(cand, sol.trainer, sol.engines) if sol.mode == "async" else math.nan
-    if not math.isfinite(priced):
-        return sol
-    gen = priced if priced < sol.trainer.samples_per_s * (1 - 1e-9) else sol.generation_per_s  # generation-bound
-    return dataclasses.replace(sol, samples_per_s=priced, generation_per_s=gen)
-
-
-def _race(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...]) -> float:
-    """planner.tail_model.race_rate for engines that are not interruptible (nan where it does not apply)."""
-    if cand.interruptible or cand.generated_per_trained != 1 or not engines or any(o.drain is None for o, _ in engines):
-        return math.nan
-    return race_rate(tuple((o.drain, o.batch, n) for o, n in engines if n > 0), cand.samples_per_step,  # type: ignore[misc]
-                     cand.staleness, trainer.step_seconds, min(cand.sync_seconds, trainer.step_seconds))
-
-
-def _async_rate(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...]) -> float:
-    """The largest z with z <= training and z <= generation under the in-flight cap at z (which
-    falls as z grows: Candidates.in_flight_cap), by bisection: the MILP's optimum for this allocation."""
-    def short(z: float) -> bool:
-        return generation(engines, cand.in_flight_cap(trainer.step_seconds, z)) < z
-
-    hi = trainer.samples_per_s
-    if not short(hi):
-        return hi
-    lo = 0.0
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if short(mid) else (mid, hi)
-        if hi - lo <= 1e-12 * hi:
-            break
-    return lo
 
 
 # ---- asynchronous: one MILP ------------------------------------------------------------------

@@ -21,7 +21,7 @@ That loss assumes every version's samples spread over all engines. The simulator
 them so: an engine still draining when the weights come in accepts nothing until it has drained,
 and the first to drain takes what the version admits (race_rate steps this version by version;
 with fixed lengths, eta 1, it halves the rate: bench/analytic_vs_sim.py seed 0 #18, 131 samples/s
-by the slopes, 65 by the race, 65 simulated). planner.milp.raced prices the MILP's answer with it.
+by the slopes, 65 by the race, 65 simulated). planner.rate_model.raced prices the MILP's answer with it.
 """
 
 from __future__ import annotations
