@@ -130,8 +130,8 @@ def plan_report(
         t2 = time.perf_counter()
         spend = budget if budget is not None else chosen.solution.cost_per_hour
         base = plan_baselines(search, chosen, spend) if baselines else {}
-        base = dict(zip(base, search.settle_many(list(base.values()), where="the baselines' settling runs"),
-                        strict=True))  # compared like for like: settled as the plan is
+        base = dict(zip(base, search.settle_many(list(base.values()), where="the baselines' settling runs",
+                                                 counted=False), strict=True))  # like for like: settled as the plan is
         # A baseline that runs on this cluster in the asked mode is a plan too: never return a worse one
         # (under --framework only plans the framework launches are plans).
         rivals = [b for b in base.values() if b.plan.mode == chosen.plan.mode and within(cluster, b.plan)

@@ -180,11 +180,13 @@ class Search:
             self._seen[key] = out[uses[0][0]]  # type: ignore[assignment]
         return out
 
-    def settle_many(self, scored: list[Scored], *, where: str) -> list[Scored]:
+    def settle_many(self, scored: list[Scored], *, where: str, counted: bool = True) -> list[Scored]:
         """Each simulated plan again, as a settling run (sim.simulate's until_settled: the rate
         after the warm-up measured until it stops moving, capped at traces.records.settle_cap),
-        side by side; each placement once per request. A plan the request's clock stops keeps
-        its screening figure (and the report's notes say where the clock stopped)."""
+        side by side; each placement once per request. A settling run counts against the
+        request's simulations as a screening run does (`counted=False`: the clock only, as for
+        the baselines' screening). A plan the request's bounds stop keeps its screening figure
+        (and the report's notes say which bound stopped where)."""
         out = list(scored)
         todo: dict[str, tuple[SimJob, list[int]]] = {}
         for i, s in enumerate(scored):
@@ -195,7 +197,8 @@ class Search:
                 out[i] = dataclasses.replace(s, simulated=self._settled[key], screened=s.simulated)
             elif key in todo:
                 todo[key][1].append(i)
-            elif not self.deadline.expired(where):
+            elif self.deadline.may_simulate(where) if counted else not self.deadline.expired(where):
+                self.deadline.simulated += counted
                 run = s.job.workload
                 cap = settle_cap(run.staleness if run.mode == "async" else 0)
                 todo[key] = (dataclasses.replace(s.job, steps=cap, until_settled=True,
