@@ -6,8 +6,8 @@ the request's bounds) and what a request computes once (issue 19): the candidate
 each placement's simulation. Many searches reach the same placed plan (an engine-mix neighbour
 the MILP answers as before, a trainer size already tried, a baseline that is a candidate), and a
 seeded simulation of the same plan is the same result, so each placement (keyed by its fleet,
-job and plan, the seed being the request's) is simulated once. Independent solves run in threads
-and independent simulations in processes (`solve_many`, `score_many`; planner.parallel).
+job and plan, the seed being the request's) is simulated once. Independent solves and independent
+simulations run in the request's worker processes (`solve_many`, `score_many`; planner.parallel).
 Each screening simulation is kept with its result (`Scored.job`), so the few plans that can still
 win are simulated again as settling runs (`settle_many`, planner.confirm), once per placement.
 """
