@@ -107,7 +107,8 @@ def plan_report(
         t0 = time.perf_counter()
         cand = search.candidates()  # the cost tables loaded before the workers fork: they inherit them
         mode: Mode = workload.mode
-        search.sims.start()
+        if sim_steps > 0 or marginal:  # workers for simulations and independent MILPs (not for the MILP alone)
+            search.sims.start(cm)
         ahead = ask_ahead(search, mode, budget) if marginal else None  # beside the search (planner.marginal)
         found = [(cand, s) for s in search.solve(cand, mode, top_k)]
         whole = deadline.hit is None  # the request's MILP ran to the end: its answer is the marginal values' base

@@ -14,6 +14,8 @@ worker threads the child does not have.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import multiprocessing
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -64,7 +66,7 @@ def run_job(job: SimJob) -> SimResult | SpecError:
 @dataclass(frozen=True)
 class SolveJob:
     """One MILP: planner.milp.solve's arguments (`framework`: its restricted solver, planner.frameworks;
-    `cluster`: the candidates are this fleet's, computed in the worker)."""
+    `fleet`: when `cand` is None, the candidates of this cost model, fleet and job, computed in the worker)."""
 
     cand: Candidates | None
     mode: Mode
@@ -95,8 +97,23 @@ def _solve_here(job: SolveJob) -> tuple[list[Solution], str | None]:
     return found, job.deadline.hit if job.deadline is not None else None
 
 
+_INHERITED: dict[int, CostModel] = {}  # cost models a pool's workers inherited when it forked them, by id
+
+
+def _run_inherited(cm: int, job: SimJob) -> SimResult | SpecError:
+    """`run_job` with the cost model this worker inherited (sent by id: a job pickles no tables, and
+    every job of a worker simulates with one object, whose engine tables sim.simulate keeps)."""
+    return run_job(dataclasses.replace(job, cm=_INHERITED[cm]))
+
+
 def _ready() -> None:
     """A worker's first job: nothing (submitted once per worker, it makes the pool fork them all now)."""
+
+
+@functools.cache
+def _light() -> CostModel:
+    """A placeholder cost model, small to pickle (a job's own is the worker's inherited one)."""
+    return CostModel.roofline_only()
 
 
 class Simulations:
@@ -110,19 +127,26 @@ class Simulations:
         if multiprocessing.current_process().daemon:  # a daemon (a multiprocessing.Pool worker) may not fork
             self.workers = 1
         self._pool: ProcessPoolExecutor | None = None
+        self._inherit: CostModel | None = None  # the cost model this pool's workers inherited (`start`)
 
     def run(self, jobs: list[SimJob]) -> list[SimResult | SpecError]:
         if self.workers == 1 or len(jobs) < 2:
             return [run_job(j) for j in jobs]
         pool = self._executor()
-        futures: list[Future[SimResult | SpecError]] = [pool.submit(run_job, j) for j in jobs]
+        futures: list[Future[SimResult | SpecError]] = [
+            pool.submit(_run_inherited, id(j.cm), dataclasses.replace(j, cm=_light())) if j.cm is self._inherit
+            else pool.submit(run_job, j) for j in jobs]
         return [f.result() for f in futures]
 
-    def start(self) -> None:
+    def start(self, cm: CostModel | None = None) -> None:
         """Fork the workers now (all of them: a fork start method spawns the whole pool at the first
-        submission), while the request runs no threads of its own."""
-        if self.workers > 1:
-            self._executor().submit(_ready).result()
+        submission), while the request runs no threads of its own; they inherit `cm`, which the
+        request's simulations then name by id instead of pickling it (1 MB of tables) per job."""
+        if self.workers == 1 or self._pool is not None:
+            return
+        if cm is not None:
+            _INHERITED[id(cm)] = self._inherit = cm
+        self._executor().submit(_ready).result()
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         """`fn(*args)` in a worker (in this process, done, when workers is 1)."""
@@ -136,6 +160,9 @@ class Simulations:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        if self._inherit is not None:
+            _INHERITED.pop(id(self._inherit), None)
+            self._inherit = None
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
