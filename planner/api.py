@@ -20,7 +20,7 @@ from planner.bounds import MAX_SIMULATIONS, PLAN_SECONDS, Deadline
 from planner.confirm import best_confirmed, confirm, unsettled_note
 from planner.explain import check_request, explain_empty
 from planner.frameworks import RULES, solver_for
-from planner.marginal import marginal_values
+from planner.marginal import ask_ahead, marginal_values
 from planner.milp import Mode, Objective, raced, solve
 from planner.parallel import Simulations
 from planner.rerank import climb, meet_target, without_slow_links
@@ -105,8 +105,11 @@ def plan_report(
                     sims=Simulations(workers), settle=settle)
     try:
         t0 = time.perf_counter()
-        cand = search.candidates()
+        cand = search.candidates()  # the cost tables loaded before the workers fork: they inherit them
         mode: Mode = workload.mode
+        if sim_steps > 0 or marginal:  # workers for simulations and independent MILPs (not for the MILP alone)
+            search.sims.start(cm)
+        ahead = ask_ahead(search, mode, budget) if marginal else None  # beside the search (planner.marginal)
         found = [(cand, s) for s in search.solve(cand, mode, top_k)]
         whole = deadline.hit is None  # the request's MILP ran to the end: its answer is the marginal values' base
         if not found:
@@ -130,8 +133,8 @@ def plan_report(
         t2 = time.perf_counter()
         spend = budget if budget is not None else chosen.solution.cost_per_hour
         base = plan_baselines(search, chosen, spend) if baselines else {}
-        base = dict(zip(base, search.settle_many(list(base.values()), where="the baselines' settling runs"),
-                        strict=True))  # compared like for like: settled as the plan is
+        base = dict(zip(base, search.settle_many(list(base.values()), where="the baselines' settling runs",
+                                                 counted=False), strict=True))  # like for like: settled as the plan is
         # A baseline that runs on this cluster in the asked mode is a plan too: never return a worse one
         # (under --framework only plans the framework launches are plans).
         rivals = [b for b in base.values() if b.plan.mode == chosen.plan.mode and within(cluster, b.plan)
@@ -143,7 +146,8 @@ def plan_report(
         t3 = time.perf_counter()
         # the request's own MILP answered the marginal values' base question unless it asked another
         same = objective == "throughput" and target is None and not framework and whole
-        values = marginal_values(search, mode, budget, found[0][1].samples_per_s if same else None) if marginal else {}
+        values = (marginal_values(search, mode, budget, found[0][1].samples_per_s if same else None, ahead)
+                  if marginal else {})
         t4 = time.perf_counter()
         seconds = {"solve": t1 - t0, "simulate": t2 - t1, "baselines": t3 - t2, "marginal": t4 - t3}
         predicted = {"samples_per_s": chosen.samples_per_s, "analytic_samples_per_s": chosen.solution.samples_per_s,

@@ -3,7 +3,10 @@
 Each value is the best plan re-solved with one more node of that kind (same model, same budget),
 less the fleet's own best, per GPU of the node. The re-solves reuse the request's work
 (Search.candidates and Search.solve: the fleet's best is the request's own MILP answer when the
-request asked the same question), so only one MILP per kind of node is new.
+request asked the same question), so only one MILP per kind of node is new. Those MILPs depend on
+the request's fleet, job and budget alone, not on its search: with workers they are asked when the
+request starts (`ask_ahead`) and solved beside its search, in its worker processes, each the same
+MILP as asked at the end.
 The LP relaxation's duals of the GPU-count rows (cheaper still) were measured against these
 re-solves and are no substitute: the trainer's whole-node binaries make the integer gain a step
 the relaxation does not see (issue 19: duals of 0.0004 against re-solved gains of 0.076 per GPU).
@@ -11,13 +14,17 @@ the relaxation does not see (issue 19: duals of 0.0004 against re-solved gains o
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
-from planner.milp import Mode
+from planner.milp import Mode, Solution
+from planner.parallel import SolveJob, solve_job
 from planner.scoring import Search
 from traces import Cluster
+
+Ahead = dict[str, Future[tuple[list[Solution], str | None]]]  # kind of node -> its fleet's MILP answer, coming
 
 
 def fleet_best(search: Search, cluster: Cluster, mode: Mode, budget: float | None) -> float:
@@ -33,12 +40,19 @@ def _question(budget: float | None) -> dict[str, Any]:
     return {"objective": "throughput", "restricted": False, "budget": budget, "target": None, "bounded": False}
 
 
-def marginal_values(search: Search, mode: Mode, budget: float | None, base: float | None = None) -> dict[str, float]:
-    """Samples/s gained per GPU if each kind of node had one more (see the module docstring);
-    `base`: the fleet's best if the caller already has it (the same MILP's answer)."""
-    cluster = search.cluster
-    if base is None:
-        base = fleet_best(search, cluster, mode, budget)
+def ask_ahead(search: Search, mode: Mode, budget: float | None) -> Ahead | None:
+    """Each kind of node's MILP submitted to the request's workers now (None without workers: they
+    are solved at the end, in this process)."""
+    if search.sims.workers == 1:
+        return None
+    q = _question(budget)
+    return {name: search.sims.submit(solve_job, SolveJob(None, mode, q["objective"], q["budget"], q["target"], 1,
+                                                         search.solver, fleet=(search.cm, c, search.workload)))
+            for name, (c, _) in _fleets(search.cluster).items()}
+
+
+def _fleets(cluster: Cluster) -> dict[str, tuple[Cluster, int]]:
+    """Kind of node -> the fleet with one more node of it, and that node's GPUs."""
     more: dict[str, tuple[Cluster, int]] = {}
     for i, group in enumerate(cluster.node_groups):
         name = group.gpu_type if group.label is None else f"{group.gpu_type}@{group.label}"
@@ -47,7 +61,22 @@ def marginal_values(search: Search, mode: Mode, budget: float | None, base: floa
         groups = list(cluster.node_groups)
         groups[i] = group.model_copy(update={"nodes": group.nodes + 1})
         more[name] = (cluster.model_copy(update={"node_groups": tuple(groups)}), group.gpus_per_node)
-    answers = search.solve_many([(search.candidates(cluster=c), mode, 1, _question(budget)) for c, _ in more.values()])
+    return more
+
+
+def marginal_values(search: Search, mode: Mode, budget: float | None, base: float | None = None,
+                    ahead: Ahead | None = None) -> dict[str, float]:
+    """Samples/s gained per GPU if each kind of node had one more (see the module docstring);
+    `base`: the fleet's best if the caller already has it (the same MILP's answer); `ahead`: the
+    kinds' MILPs as `ask_ahead` submitted them."""
+    if base is None:
+        base = fleet_best(search, search.cluster, mode, budget)
+    more = _fleets(search.cluster)
+    if ahead is not None:
+        answers = [ahead[name].result()[0] for name in more]
+    else:
+        answers = search.solve_many([(search.candidates(cluster=c), mode, 1, _question(budget))
+                                     for c, _ in more.values()])
     out: dict[str, float] = {}
     for (name, (_, per_node)), found in zip(more.items(), answers, strict=True):
         gain = (found[0].samples_per_s if found else 0.0) - base

@@ -1,23 +1,36 @@
-"""Simulations of independent plans in worker processes, with the results a serial run gives.
+"""Simulations and MILPs of independent plans in worker processes, with the results a serial run gives.
 
 A request simulates its top plans, each engine-mix round's trials and its baselines: each a seeded
-simulation of its own plan, independent of the others, so they can run side by side. Workers are
-forked (they inherit the loaded cost tables and the compiled simulator kernels, no re-import) when
-the request starts, once per request; results come back in submission order, so a parallel
-request returns what a serial one does, bit for bit (tests/test_plan_speed.py).
-Only simulations run in workers: the MILP stays in the request's process (HiGHS keeps threads of
-its own, which a forked child must not inherit mid-use).
+simulation of its own plan, independent of the others, so they can run side by side; the same
+holds for its independent MILPs (an engine-mix round's rule moves, the baselines' fleets, the
+marginal values' fleets). Workers are forked (they inherit the loaded cost tables, no re-import)
+once per request, all at once (`start`) and before the request's threads run, so no child
+inherits a lock a thread holds; results come back in submission order, so a parallel request
+returns what a serial one does, bit for bit (tests/test_plan_speed.py).
+A MILP in a worker runs in a thread of its own (`solve_job`): HiGHS keeps its task scheduler per
+thread (HiGHS PR #818), and the forked child's main thread holds a copy of the parent's, whose
+worker threads the child does not have.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import multiprocessing
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
+from planner.bounds import Deadline
+from planner.candidates import Candidates, candidates
 from planner.executors import cores, in_sweep_worker
+from planner.frameworks import solver_for
+from planner.milp import Mode, Objective, Solution, solve
 from sim import SimResult, simulate
 from traces import Cluster, CostModel, Plan, SpecError, Workload
+
+T = TypeVar("T")
 
 MAX_WORKERS = 8  # more would only queue: a request rarely has more independent plans at once
 
@@ -50,8 +63,62 @@ def run_job(job: SimJob) -> SimResult | SpecError:
         return err
 
 
+@dataclass(frozen=True)
+class SolveJob:
+    """One MILP: planner.milp.solve's arguments (`framework`: its restricted solver, planner.frameworks;
+    `fleet`: when `cand` is None, the candidates of this cost model, fleet and job, computed in the worker)."""
+
+    cand: Candidates | None
+    mode: Mode
+    objective: Objective
+    budget: float | None
+    target: float | None
+    top_k: int
+    solver: str
+    deadline: Deadline | None = None
+    framework: str | None = None
+    fleet: tuple[CostModel, Cluster, Workload] | None = None  # (cost model, fleet, job) when `cand` is None
+
+
+def solve_job(job: SolveJob) -> tuple[list[Solution], str | None]:
+    """The job's MILP answer and the first bound it hit (a worker's copy of the request's Deadline
+    notes its own), solved in a fresh thread (see the module docstring)."""
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(_solve_here, job).result()
+
+
+def _solve_here(job: SolveJob) -> tuple[list[Solution], str | None]:
+    cand = job.cand
+    if cand is None:
+        assert job.fleet is not None, "a SolveJob names its candidates or its fleet"
+        cand = candidates(*job.fleet)
+    fn = solver_for(job.framework) if job.framework else solve
+    found = fn(cand, job.mode, job.objective, job.budget, job.target, job.top_k, job.solver, deadline=job.deadline)
+    return found, job.deadline.hit if job.deadline is not None else None
+
+
+_INHERITED: dict[int, CostModel] = {}  # cost models a pool's workers inherited when it forked them, by id
+
+
+def _run_inherited(cm: int, job: SimJob) -> SimResult | SpecError:
+    """`run_job` with the cost model this worker inherited (sent by id: a job pickles no tables, and
+    every job of a worker simulates with one object, whose engine tables sim.simulate keeps)."""
+    return run_job(dataclasses.replace(job, cm=_INHERITED[cm]))
+
+
+def _ready() -> None:
+    """A worker's first job: nothing (submitted once per worker, it makes the pool fork them all now)."""
+
+
+@functools.cache
+def _light() -> CostModel:
+    """A placeholder cost model, small to pickle (a job's own is the worker's inherited one)."""
+    return CostModel.roofline_only()
+
+
 class Simulations:
-    """Runs batches of SimJobs: in `workers` forked processes, or in this one when workers is 1."""
+    """Runs batches of SimJobs (and SolveJobs): in `workers` forked processes, or in this one when
+    workers is 1."""
 
     def __init__(self, workers: int | None = None) -> None:
         if workers is None and in_sweep_worker():  # a sweep's worker: the sweep spreads over the cores
@@ -60,18 +127,42 @@ class Simulations:
         if multiprocessing.current_process().daemon:  # a daemon (a multiprocessing.Pool worker) may not fork
             self.workers = 1
         self._pool: ProcessPoolExecutor | None = None
+        self._inherit: CostModel | None = None  # the cost model this pool's workers inherited (`start`)
 
     def run(self, jobs: list[SimJob]) -> list[SimResult | SpecError]:
         if self.workers == 1 or len(jobs) < 2:
             return [run_job(j) for j in jobs]
         pool = self._executor()
-        futures: list[Future[SimResult | SpecError]] = [pool.submit(run_job, j) for j in jobs]
+        futures: list[Future[SimResult | SpecError]] = [
+            pool.submit(_run_inherited, id(j.cm), dataclasses.replace(j, cm=_light())) if j.cm is self._inherit
+            else pool.submit(run_job, j) for j in jobs]
         return [f.result() for f in futures]
+
+    def start(self, cm: CostModel | None = None) -> None:
+        """Fork the workers now (all of them: a fork start method spawns the whole pool at the first
+        submission), while the request runs no threads of its own; they inherit `cm`, which the
+        request's simulations then name by id instead of pickling it (1 MB of tables) per job."""
+        if self.workers == 1 or self._pool is not None:
+            return
+        if cm is not None:
+            _INHERITED[id(cm)] = self._inherit = cm
+        self._executor().submit(_ready).result()
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """`fn(*args)` in a worker (in this process, done, when workers is 1)."""
+        if self.workers == 1:
+            done: Future[T] = Future()
+            done.set_result(fn(*args))
+            return done
+        return self._executor().submit(fn, *args)
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        if self._inherit is not None:
+            _INHERITED.pop(id(self._inherit), None)
+            self._inherit = None
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:

@@ -6,8 +6,8 @@ the request's bounds) and what a request computes once (issue 19): the candidate
 each placement's simulation. Many searches reach the same placed plan (an engine-mix neighbour
 the MILP answers as before, a trainer size already tried, a baseline that is a candidate), and a
 seeded simulation of the same plan is the same result, so each placement (keyed by its fleet,
-job and plan, the seed being the request's) is simulated once. Independent solves run in threads
-and independent simulations in processes (`solve_many`, `score_many`; planner.parallel).
+job and plan, the seed being the request's) is simulated once. Independent solves and independent
+simulations run in the request's worker processes (`solve_many`, `score_many`; planner.parallel).
 Each screening simulation is kept with its result (`Scored.job`), so the few plans that can still
 win are simulated again as settling runs (`settle_many`, planner.confirm), once per placement.
 """
@@ -23,7 +23,7 @@ from typing import Any
 from planner.bounds import Deadline
 from planner.candidates import Candidates, candidates
 from planner.milp import Mode, Objective, Solution, solve
-from planner.parallel import SimJob, Simulations
+from planner.parallel import SimJob, Simulations, SolveJob, solve_job
 from planner.placement import reprice_sync, to_plan
 from sim import SimResult
 from traces import Cluster, CostModel, Plan, SpecError, Workload
@@ -109,26 +109,57 @@ class Search:
         `budget=` or `target=` say otherwise (None: no budget, no target); `restricted=False`
         ignores a --framework restriction (the baselines are free plans); `bounded=False` solves
         to the end whatever the request's clock (a figure that must not be cut short)."""
+        key, job = self._question(cand, mode, top_k, objective=objective, restricted=restricted, bounded=bounded,
+                                  **override)
+        if key in self._solved:  # the same MILP again (a search's neighbour, a baseline): one answer
+            return list(self._solved[key])
+        fn = self.solve_fn if restricted else solve
+        found = fn(cand, mode, job.objective, job.budget, job.target, top_k, self.solver, deadline=job.deadline)
+        return self._keep(key, found, bounded)
+
+    def _question(self, cand: Candidates, mode: Mode, top_k: int, *, objective: Objective | None = None,
+                  restricted: bool = True, bounded: bool = True, **override: float | None
+                  ) -> tuple[tuple[object, ...], SolveJob]:
+        """`solve`'s cache key and the MILP it asks (as a SolveJob a worker can run)."""
         budget = override.get("budget", self.budget)
         target = override.get("target", self.target)
         fn = self.solve_fn if restricted else solve
         key = (cand, mode, objective or self.objective, budget, target, top_k, fn)
-        if key in self._solved:  # the same MILP again (a search's neighbour, a baseline): one answer
-            return list(self._solved[key])
-        found = fn(cand, mode, objective or self.objective, budget, target, top_k, self.solver,
-                   deadline=self.deadline if bounded else None)
+        return key, SolveJob(cand, mode, objective or self.objective, budget, target, top_k, self.solver,
+                             self.deadline if bounded else None, self.framework if restricted else None)
+
+    def _keep(self, key: tuple[object, ...], found: list[Solution], bounded: bool) -> list[Solution]:
         if not bounded or self.deadline.hit is None:  # an answer cut short by the bounds is not the MILP's
             self._solved[key] = list(found)
         return found
 
     def solve_many(self, jobs: list[tuple[Candidates, Mode, int, dict[str, Any]]]) -> list[list[Solution]]:
-        """`solve(cand, mode, top_k, **kw)` for independent jobs, in threads when the request has
-        workers (HiGHS runs outside the GIL; each answer is the serial one: a MILP's answer does not
-        depend on what else runs)."""
+        """`solve(cand, mode, top_k, **kw)` for independent jobs, in the request's worker processes
+        when it has workers (each answer is the serial one: a MILP's answer does not depend on what
+        else runs; the bounds a worker's solve hit are noted here in submission order, as one at a
+        time notes them)."""
         if self.sims.workers == 1 or len(jobs) < 2:
             return [self.solve(c, m, k, **kw) for c, m, k, kw in jobs]
-        with ThreadPoolExecutor(self.sims.workers) as pool:
-            return list(pool.map(lambda job: self.solve(job[0], job[1], job[2], **job[3]), jobs))
+        if not self._portable():  # a solver a worker cannot rebuild: threads (HiGHS runs outside the GIL)
+            with ThreadPoolExecutor(self.sims.workers) as pool:
+                return list(pool.map(lambda job: self.solve(job[0], job[1], job[2], **job[3]), jobs))
+        asked = [self._question(c, m, k, **kw) for c, m, k, kw in jobs]
+        futures = {key: self.sims.submit(solve_job, job) for key, job in dict(asked).items()
+                   if key not in self._solved}
+        answers: dict[tuple[object, ...], list[Solution]] = {}
+        out = []
+        for (key, _), (_, _, _, kw) in zip(asked, jobs, strict=True):
+            if key in futures and key not in answers:  # in order, as one at a time
+                found, hit = futures[key].result()
+                if hit is not None and self.deadline.hit is None:
+                    self.deadline.hit = hit
+                answers[key] = self._keep(key, found, kw.get("bounded", True))
+            out.append(list(answers[key] if key in answers else self._solved[key]))
+        return out
+
+    def _portable(self) -> bool:
+        """Whether a worker can run this request's MILPs: planner.milp.solve, or a framework's restriction."""
+        return self.solve_fn is solve or self.framework is not None
 
     def candidates(self, cluster: Cluster | None = None, workload: Workload | None = None,
                    **kw: float | None) -> Candidates:
@@ -180,11 +211,13 @@ class Search:
             self._seen[key] = out[uses[0][0]]  # type: ignore[assignment]
         return out
 
-    def settle_many(self, scored: list[Scored], *, where: str) -> list[Scored]:
+    def settle_many(self, scored: list[Scored], *, where: str, counted: bool = True) -> list[Scored]:
         """Each simulated plan again, as a settling run (sim.simulate's until_settled: the rate
         after the warm-up measured until it stops moving, capped at traces.records.settle_cap),
-        side by side; each placement once per request. A plan the request's clock stops keeps
-        its screening figure (and the report's notes say where the clock stopped)."""
+        side by side; each placement once per request. A settling run counts against the
+        request's simulations as a screening run does (`counted=False`: the clock only, as for
+        the baselines' screening). A plan the request's bounds stop keeps its screening figure
+        (and the report's notes say which bound stopped where)."""
         out = list(scored)
         todo: dict[str, tuple[SimJob, list[int]]] = {}
         for i, s in enumerate(scored):
@@ -195,7 +228,8 @@ class Search:
                 out[i] = dataclasses.replace(s, simulated=self._settled[key], screened=s.simulated)
             elif key in todo:
                 todo[key][1].append(i)
-            elif not self.deadline.expired(where):
+            elif self.deadline.may_simulate(where) if counted else not self.deadline.expired(where):
+                self.deadline.simulated += counted
                 run = s.job.workload
                 cap = settle_cap(run.staleness if run.mode == "async" else 0)
                 todo[key] = (dataclasses.replace(s.job, steps=cap, until_settled=True,

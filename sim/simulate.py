@@ -22,7 +22,7 @@ from sim.result import SimResult
 from sim.samples import Samples
 from sim.tool_calls import ToolCalls
 from sim.trainer import Trainer
-from traces import Cluster, CostModel, Plan, SpecError, Workload
+from traces import Cluster, CostModel, GpuType, ModelSpec, Plan, SpecError, Workload
 from traces.costmodel.rl import colocated_resident_bytes, colocated_trainer_fits, trainer_step_seconds
 from traces.episodes import Episodes
 from traces.links import sync_path_bytes_per_s, trainer_network
@@ -62,14 +62,35 @@ def _engine_specs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Pla
                 f"a {g.gpu_type} TP{g.tp} engine holds {int(kv)} KV tokens{kept}, less than one "
                 f"{workload.max_seq_len}-token sample of {model.name}; raise tp, offload more or use larger GPUs"
             )
-        decode = DecodeTable.build(cm, gpu, model, g.tp, cap_running, kv, ep=g.ep, enforce_eager=g.enforce_eager,
-                                   graph_max_batch=g.cuda_graph_max_batch)
-        prefill = PrefillCurve.build(cm, gpu, model, g.tp, kv, workload.prompt_len.expected(), ep=g.ep)
-        mean = workload.prompt_len.expected() + workload.response_len.expected() / 2
-        iteration = (0.0, *(decode.total(b, min(kv, b * mean), 1) for b in range(1, cap_running + 1)))
+        key = (id(cm), gpu, model, g.tp, g.ep, cap_running, kv, g.enforce_eager, g.cuda_graph_max_batch,
+               workload.prompt_len.expected(), workload.response_len.expected())
+        kind = _KINDS.get(key)
+        if kind is None or kind[0] is not cm:  # an id is only the same cost model while that one lives
+            if len(_KINDS) >= MAX_KINDS:
+                _KINDS.clear()
+            kind = _KINDS[key] = (cm, *_kind(cm, gpu, model, g, cap_running, kv, workload))
+        _, decode, prefill, iteration = kind
         for i in range(g.instances):
             specs.append(_EngineSpec(g, engine_name(g, gi, i), cap_running, kv, decode, prefill, iteration))
     return specs
+
+
+# The tables of each kind of engine, kept between runs: a planner's request simulates tens of plans
+# on the same few kinds (the tables are a pure function of the key, so a run reads the same values
+# whether it built them or found them; DecodeTable and PrefillCurve are immutable).
+MAX_KINDS = 256
+_KINDS: dict[tuple[object, ...], tuple[CostModel, DecodeTable, PrefillCurve, tuple[float, ...]]] = {}
+
+
+def _kind(cm: CostModel, gpu: GpuType, model: ModelSpec, g: RolloutGroup, cap_running: int, kv: float,
+          workload: Workload) -> tuple[DecodeTable, PrefillCurve, tuple[float, ...]]:
+    """One kind of engine's decode table, prefill curve and mean-batch iteration seconds (the router's)."""
+    decode = DecodeTable.build(cm, gpu, model, g.tp, cap_running, kv, ep=g.ep, enforce_eager=g.enforce_eager,
+                               graph_max_batch=g.cuda_graph_max_batch)
+    prefill = PrefillCurve.build(cm, gpu, model, g.tp, kv, workload.prompt_len.expected(), ep=g.ep)
+    mean = workload.prompt_len.expected() + workload.response_len.expected() / 2
+    iteration = (0.0, *(decode.total(b, min(kv, b * mean), 1) for b in range(1, cap_running + 1)))
+    return decode, prefill, iteration
 
 
 def _step_costs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan

@@ -81,3 +81,15 @@ def test_a_simulation_stops_at_the_wall_clock_it_is_given() -> None:
     plan = plan_report(cluster, workload, cost_model=CM, baselines=False, marginal=False, sim_steps=0).plan
     with pytest.raises(SpecError, match=r"^simulation ran past 0.001 s; simulate fewer steps"):
         simulate(cluster, workload, plan, CM, steps=10, wall_seconds=0.001)
+
+
+def test_settling_runs_count_against_the_simulation_bound() -> None:
+    free = plan_report(FLEET, _job(), cost_model=CM, baselines=False, marginal=False)
+    screened = len({s.plan.model_dump_json() for s in free.ranked})
+    assert free.chosen.confirmed and free.notes == ()
+    # the same search's screening runs fit the bound exactly: no settling run is left
+    capped = plan_report(FLEET, _job(), cost_model=CM, baselines=False, marginal=False, max_simulations=screened)
+    assert not capped.chosen.confirmed
+    assert capped.notes == (f"the settling runs stopped at the planner's bound of {screened} simulated plans",)
+    one = plan_report(FLEET, _job(), cost_model=CM, baselines=False, marginal=False, max_simulations=screened + 1)
+    assert one.chosen.confirmed and sum(s.confirmed for s in one.ranked) == 1

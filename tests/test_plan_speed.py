@@ -44,6 +44,18 @@ def test_parallel_simulations_give_the_serial_report_bit_for_bit() -> None:
     assert len(serial[1]) >= 3  # the top plans and the climbs were simulated, not skipped
 
 
+def test_a_parallel_framework_request_gives_the_serial_report() -> None:
+    def answer(workers: int) -> dict[str, object]:
+        summary = plan_report(_fleet(), _workload(), cost_model=CM, sim_steps=4, framework="verl",
+                              workers=workers).summary()
+        summary.pop("seconds")
+        return summary
+
+    serial = answer(1)
+    assert serial == answer(2)
+    assert serial["restriction"] is not None and serial["marginal_samples_per_s_per_gpu"]
+
+
 def test_a_settled_fixed_point_returns_what_solving_it_again_gives() -> None:
     search = Search(CM, _fleet(), _workload(), "throughput", None, None, "auto", 0, 0)
     cand = search.candidates()
@@ -135,7 +147,7 @@ def test_milp_only_answers_the_milp_alone(cli) -> None:  # type: ignore[no-untyp
     assert bad.code == 2 and len(bad.err.strip().splitlines()) == 1 and "--milp-only" in bad.err
 
 
-def test_solves_in_threads_answer_as_one_at_a_time_and_give_stdout_back() -> None:
+def test_solves_in_workers_answer_as_one_at_a_time_and_give_stdout_back() -> None:
     import os
 
     from planner.parallel import Simulations
@@ -146,7 +158,10 @@ def test_solves_in_threads_answer_as_one_at_a_time_and_give_stdout_back() -> Non
     cand = serial.candidates()
     jobs = [(cand, "async", 1, {}), (cand, "async", 2, {}), (cand, "async", 1, {"budget": 40.0}),
             (cand, "sync", 1, {})]
+    threaded.sims.start()
+    serial.solve(cand, "async")  # HiGHS started in this process: the workers' solves run in threads of their own
     assert serial.solve_many(jobs) == threaded.solve_many(jobs)  # type: ignore[arg-type]
+    threaded.sims.close()
     after = os.fstat(1)
     assert (before.st_dev, before.st_ino) == (after.st_dev, after.st_ino)  # not left on /dev/null
 

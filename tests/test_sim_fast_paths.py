@@ -104,3 +104,31 @@ def test_one_part_filings_answer_as_a_sorted_index_would() -> None:
         else:
             want = min((t for t, _ in live.values()), default=np.inf)
         assert pool.kth_time(need) == want
+
+
+def test_engine_tables_kept_between_runs_give_the_runs_built_afresh() -> None:
+    """sim.simulate keeps each kind of engine's tables between runs of one cost model: a run that finds
+    them gives, bit for bit, the run that built them; another cost model object builds its own."""
+    import importlib
+
+    simulate_module = importlib.import_module("sim.simulate")  # the module: sim.simulate names the function too
+    from sim import simulate
+    from traces import Plan, example_workload
+    from traces.plan import RolloutGroup, TrainerGroup
+
+    cluster = example_cluster("mixed-h800-h20-l40s")
+    workload = example_workload("qwen2.5-1.5b-math-short")
+    plan = Plan(mode="async", staleness=workload.staleness,
+                rollout=(RolloutGroup(gpu_type="H20", tp=1, instances=8, nodes=(8,)),),
+                trainer=TrainerGroup(gpu_type="H800", dp=8, nodes=(0,)))
+    cm = CostModel.roofline_only()
+    simulate_module._KINDS.clear()
+    built = simulate(cluster, workload, plan, cm, steps=3, seed=1)
+    assert len(simulate_module._KINDS) == 1
+    found = simulate(cluster, workload, plan, cm, steps=3, seed=1)
+    assert len(simulate_module._KINDS) == 1  # found, not built again
+    assert (built.step_times, built.trained_ids.tobytes(), built.events) == \
+        (found.step_times, found.trained_ids.tobytes(), found.events)
+    other = CostModel.roofline_only()
+    simulate(cluster, workload, plan, other, steps=1, seed=1)
+    assert len(simulate_module._KINDS) == 2  # keyed by the cost model too
