@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import multiprocessing
+import pickle
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -106,6 +107,12 @@ def _run_inherited(cm: int, job: SimJob) -> SimResult | SpecError:
     return run_job(dataclasses.replace(job, cm=_INHERITED[cm]))
 
 
+def _call(call: bytes) -> Any:
+    """A call Simulations.submit pickled: run it."""
+    fn, args = pickle.loads(call)
+    return fn(*args)
+
+
 def _ready() -> None:
     """A worker's first job: nothing (submitted once per worker, it makes the pool fork them all now)."""
 
@@ -149,12 +156,15 @@ class Simulations:
         self._executor().submit(_ready).result()
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
-        """`fn(*args)` in a worker (in this process, done, when workers is 1)."""
+        """`fn(*args)` in a worker (in this process, done, when workers is 1). The call is pickled
+        here, before returning: the pool's feeder thread would pickle it later, while this thread
+        goes on filling the caches of the cost model the arguments hold ("dictionary changed size
+        during iteration", found by tests/test_fuzz.py)."""
         if self.workers == 1:
             done: Future[T] = Future()
             done.set_result(fn(*args))
             return done
-        return self._executor().submit(fn, *args)
+        return self._executor().submit(_call, pickle.dumps((fn, args)))
 
     def close(self) -> None:
         if self._pool is not None:
