@@ -4,7 +4,7 @@ For N random fleets (2-3 GPU types, 16-64 GPUs, long-tailed or fixed lengths, as
 models), plans the MILP's best allocation, places it, reprices its weight sync on the placed links
 (as the planner does), prices it by the simulator's routing and update rules (planner.rate_model.raced:
 interruptible engines at their routed loads, the others and on-policy plans by the race of
-planner.tail_model.race_rate; the MILP still ranks on its slopes) and simulates it for warm-up + whole steady periods
+planner.tail_model.race; the MILP still ranks on its slopes) and simulates it for warm-up + whole steady periods
 (traces.records.recommended_steps). Prints the ratio analytic / simulated per fleet, then the
 median and the worst (the further from 1, the more the MILP ranks plans on a wrong model), and the
 worst fleets again with their placed plans (trainer, engines), to find what the model misses, and

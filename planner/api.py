@@ -141,7 +141,7 @@ def plan_report(
                   and not framework]
         chosen = best_confirmed(search, (chosen, *rivals)) if sim_steps > 0 else chosen
         # the answer's analytic figure: non-interruptible engines priced by their race for each version's
-        # samples (planner.tail_model.race_rate; too slow to price every candidate, so the MILP ranks on its slopes)
+        # samples (planner.tail_model.race; too slow to price every candidate, so the MILP ranks on its slopes)
         chosen = dataclasses.replace(chosen, solution=raced(chosen.cand, chosen.solution))
         t3 = time.perf_counter()
         # the request's own MILP answered the marginal values' base question unless it asked another

@@ -74,9 +74,9 @@ class EngineOption:
     # plus re-prefilling the KV cache of the samples it holds; not, draining them (planner.tail_model)
     update_seconds: tuple[float, ...] = ()
     ep: int = 1  # expert-parallel ranks (1 or tp)
-    # single-turn, not interruptible or on-policy: its one-shot drain and routing key (planner.tail_model.race_rate),
-    # built when first asked for (LazyDrain)
-    drain_source: LazyDrain | None = None
+    # single-turn: its one-shot drain and routing key (planner.tail_model.race), built when first asked for;
+    # not compared: the option's other fields and the request decide it (a copy from a worker is the same option)
+    drain_source: LazyDrain | None = dataclasses.field(default=None, compare=False)
     # single-turn: the router's key at each segment's load (one decode iteration of that many
     # mean-length samples: sim.simulate's mean_iteration_s), for planner.rate_model's routed loads
     keys: tuple[float, ...] = ()
@@ -245,8 +245,7 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
                 elif workload.mode == "async":
                     update = drain_update_seconds(cm, pool.gpu, workload, tp, ep, points, residuals, context,
                                                   sync_seconds)
-                raced = workload.mode == "sync" or (workload.mode == "async" and not workload.interruptible)
-                if raced and not episodes and workload.dynamic_sampling is None:
+                if workload.mode != "colocated" and not episodes and workload.dynamic_sampling is None:
                     curve = LazyDrain(cm, pool.gpu, workload, tp, ep, points, draws)  # planner.rate_model.raced
                 out.append(EngineOption(pool.index, tp, float((widths * slopes).sum()), full,
                                         tp * pool.gpu.price_per_gpu_hour,
@@ -261,7 +260,7 @@ class LazyDrain:
     """One engine option's drain_curve, built when planner.rate_model.raced first asks for it: only the answer
     (and what the planner confirms) is raced, so building every option's curve up front was wasted
     work on most requests (a third of the candidate build on the demo fleet, not interruptible).
-    Compared by identity: derated copies of an option share it."""
+    Derated copies of an option share it."""
 
     def __init__(self, cm: CostModel, gpu: GpuType, workload: Workload, tp: int, ep: int, points: np.ndarray,
                  draws: np.ndarray) -> None:
@@ -271,7 +270,10 @@ class LazyDrain:
     def curve(self) -> DrainCurve:
         if self._curve is None:
             cm, gpu, workload, tp, ep, points, draws = self._args
-            self._curve = drain_curve(cm, gpu, workload, tp, ep, points, draws, _longest_of(workload.response_len))
+            # D(n) bends where decode turns compute-bound: between powers of two a chord is up to 5% off (H20,
+            # 7B, D(21): 9.54 s against 9.03), enough to misjudge whether a batch drains before a publish
+            dense = np.unique(np.r_[points, np.round(np.geomspace(1.0, float(points[-1]), 8 * len(points)))])
+            self._curve = drain_curve(cm, gpu, workload, tp, ep, dense, draws, _longest_of(workload.response_len))
         return self._curve
 
 
@@ -279,7 +281,7 @@ def drain_curve(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, ep: in
                 draws: np.ndarray, longest: tuple[float, ...]) -> DrainCurve:
     """D(n) = n / drain_rates(n) at the load points, and the simulator's routing key there: one decode
     iteration of n samples at a mean-length sample's context, prompt + E[o] / 2 (sim.simulate)."""
-    seconds = points / drain_rates(cm, gpu, workload, tp, points, draws, ep)
+    seconds = points / drain_rates(cm, gpu, workload, tp, points, draws, ep, longest)
     mean = workload.prompt_len.expected() + workload.response_len.expected() / 2
     keys = np.asarray(cm.decode(gpu, workload.model, tp, points, mean, ep).seconds, float)
     quantiles = np.quantile(draws, LENGTH_PROBS)
@@ -305,7 +307,7 @@ LONGEST_OF = 14  # the expected longest of 2^k responses, k < this (cohorts up t
 
 
 def drain_rates(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, points: np.ndarray,
-                draws: np.ndarray, ep: int = 1) -> np.ndarray:
+                draws: np.ndarray, ep: int = 1, longest_of: tuple[float, ...] = ()) -> np.ndarray:
     """On-policy samples/s of one engine handed n (`points`) samples at once: n / D(n), where the
     drain D(n) = their prefill + the sum over decode positions k of one iteration with the
     n S(k) samples still running (S: the response lengths' survival, from sorted seeded `draws`),
@@ -313,7 +315,10 @@ def drain_rates(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, points
     batch thins out and ends on its longest sample alone."""
     prompt = workload.prompt_len.expected()
     n = points.astype(float)[:, None]
-    longest = np.quantile(draws, n[:, 0] / (n[:, 0] + 1))[:, None]  # E[max of n] ~ the n/(n+1) quantile
+    if longest_of:  # E[max of n] of seeded cohorts (DrainCurve.longest_of)
+        longest = np.interp(np.log2(n[:, 0]), np.arange(len(longest_of)), longest_of)[:, None]
+    else:  # E[max of n] ~ the n/(n+1) quantile
+        longest = np.quantile(draws, n[:, 0] / (n[:, 0] + 1))[:, None]
     k = longest * np.linspace(0.0, 1.0, 65)[None, :]
     running = np.maximum(1.0, n * (1 - np.searchsorted(draws, k, "right") / len(draws)))
     it = np.asarray(cm.decode(gpu, workload.model, tp, running, prompt + k, ep).seconds, dtype=float)

@@ -13,7 +13,7 @@ then the re-prefill of all b samples it holds) stops all b of them, so its rate 
 r(b) (1 - u(b) / period), not the segment-wise derating, which prices the k-th sample's own loss
 only and misses the longer pause it puts on the other k - 1. `raced` prices the MILP's answer by
 those rules: interruptible engines at their routed loads with that derating (`_routed`), engines
-that are not interruptible by their race for each version (planner.tail_model.race_rate), and
+that are not interruptible by their race for each version (planner.tail_model.race), and
 on-policy plans by the same race with eta = 0 (the simulator runs sync as async with eta 0: each
 batch routed to empty engines, the step waiting for its longest sample, on whichever engine it
 landed). The MILP still ranks on its slopes: these are too slow to price every candidate.
@@ -29,7 +29,7 @@ from typing import Literal
 import numpy as np
 
 from planner.candidates import Candidates, EngineOption, TrainerOption
-from planner.tail_model import race_rate
+from planner.tail_model import Race, race
 
 Mode = Literal["async", "sync", "colocated"]
 
@@ -92,9 +92,11 @@ def raced(cand: Candidates, sol: Solution) -> Solution:
     """`sol` priced by the simulator's routing and update rules (the module docstring); `sol` itself
     where they do not apply (colocated plans, multi-turn episodes, dynamic sampling)."""
     if sol.mode == "async" and cand.interruptible:
-        priced = _routed(cand, sol.trainer, sol.engines)
+        # one that holds nothing when the weights are published is never interrupted: it runs the race
+        race = _race(cand, sol.trainer, sol.engines, sol.mode)
+        priced = race.samples_per_s if not race.held_at_publish else _routed(cand, sol.trainer, sol.engines)
     elif sol.mode in ("async", "sync"):
-        priced = _race(cand, sol.trainer, sol.engines, sol.mode)
+        priced = _race(cand, sol.trainer, sol.engines, sol.mode).samples_per_s
     else:
         priced = math.nan
     if not math.isfinite(priced):
@@ -106,14 +108,14 @@ def raced(cand: Candidates, sol: Solution) -> Solution:
 
 
 def _race(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...], mode: Mode
-          ) -> float:
-    """planner.tail_model.race_rate for engines that are not interruptible, or on-policy (eta 0: a
-    sync step is an async one that may not run ahead); nan where it does not apply."""
+          ) -> Race:
+    """planner.tail_model.race for engines that are not interruptible, or on-policy (eta 0: a sync
+    step is an async one that may not run ahead); nan (held) where it does not apply."""
     if cand.generated_per_trained != 1 or not engines or any(o.drain is None for o, _ in engines):
-        return math.nan
+        return Race(math.nan, True)
     eta = cand.staleness if mode == "async" else 0.0
-    return race_rate(tuple((o.drain, o.batch, n) for o, n in engines if n > 0), cand.samples_per_step,  # type: ignore[misc]
-                     eta, trainer.step_seconds, min(cand.sync_seconds, trainer.step_seconds))
+    return race(tuple((o.drain, o.batch, n) for o, n in engines if n > 0), cand.samples_per_step,  # type: ignore[misc]
+                eta, trainer.step_seconds, min(cand.sync_seconds, trainer.step_seconds))
 
 
 def _routed(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...]) -> float:

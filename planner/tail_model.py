@@ -19,7 +19,7 @@ engine's weight wait.
 
 That loss assumes every version's samples spread over all engines. The simulator does not spread
 them so: an engine still draining when the weights come in accepts nothing until it has drained,
-and the first to drain takes what the version admits (race_rate steps this version by version;
+and the first to drain takes what the version admits (race steps this version by version;
 with fixed lengths, eta 1, it halves the rate: bench/analytic_vs_sim.py seed 0 #18, 131 samples/s
 by the slopes, 65 by the race, 65 simulated). planner.rate_model.raced prices the MILP's answer with it.
 """
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from traces.records import period, steady_state
+from traces.records import period, steady_state, warm_steps
 from traces.staleness import admission_cap, lag_bound
 
 RESIDUAL_DRAWS = 1 << 14  # seeded residual lengths per workload
@@ -101,9 +101,19 @@ RACE_PERIODS = 6  # whole periods after the warm-up over which the race's steady
 RACE_MAX_ENGINES = 512  # beyond this the per-engine race is not run (the slope model stands)
 
 
+@dataclass(frozen=True)
+class Race:
+    """race's outcome: samples/s, and whether in the steady steps some engine still held samples when
+    a trainer step published its weights. An interruptible engine differs from one that is not only
+    there (it would be interrupted): where none does, the race prices interruptible engines too."""
+
+    samples_per_s: float
+    held_at_publish: bool
+
+
 @functools.lru_cache(maxsize=4096)  # evaluate asks again for the same allocation at every derating
-def race_rate(engines: Sequence[tuple[DrainCurve, int, int]], batch: int, eta: float, step_seconds: float,
-              sync_seconds: float) -> float:
+def race(engines: Sequence[tuple[DrainCurve, int, int]], batch: int, eta: float, step_seconds: float,
+         sync_seconds: float) -> Race:
     """Samples/s of engines that are not interruptible (curve, max batch, count each) under the
     simulator's admission and routing rules, stepped version by version (nan if too many engines).
 
@@ -124,11 +134,11 @@ def race_rate(engines: Sequence[tuple[DrainCurve, int, int]], batch: int, eta: f
     samples have finished and every sample admitted at versions <= s - ceil(eta) has
     (traces.staleness); it publishes after step_seconds - sync_seconds, the weights are in
     step_seconds after it starts. The rate is traces.records.steady_state's over warm-up +
-    RACE_PERIODS periods.
+    RACE_PERIODS periods; `held_at_publish`: some engine of the steady steps had not drained by a publish.
     """
     kind = np.repeat(np.arange(len(engines)), [n for _, _, n in engines])
     if len(kind) > RACE_MAX_ENGINES or not len(kind):
-        return math.nan
+        return Race(math.nan, True)
     curves = [c for c, _, _ in engines]
     caps = np.array([float(m) for _, m, _ in engines])
     lag = lag_bound(eta)
@@ -138,6 +148,7 @@ def race_rate(engines: Sequence[tuple[DrainCurve, int, int]], batch: int, eta: f
     done: list[tuple[float, float]] = []  # (time, samples) of completions, in CHUNKS parts per batch
     last: dict[int, float] = {}  # version admitted at -> when its last sample finishes
     dispatched, weights_in, step_ends = 0.0, 0.0, []
+    warm, held = warm_steps(eta, steps), False
     for s in range(steps):
         pieces: list[tuple[float, float, float, DrainCurve]] = []  # (samples, drain end, own longest) per batch
         while True:
@@ -157,7 +168,7 @@ def race_rate(engines: Sequence[tuple[DrainCurve, int, int]], batch: int, eta: f
                 if n <= 0:
                     continue
                 c = curves[kind[e]]
-                own = float(c.length(n / (n + 1)))  # the longest D(n) drains to
+                own = c.longest_of(n)  # the longest D(n) drains to
                 drawn = float(c.length(p ** (1 / n)))  # this engine's longest: the p-quantile of a max of n
                 free[e] = at + c.drain(n) * drawn / max(own, 1.0)
                 ranks = (np.arange(CHUNKS) + 0.5) / CHUNKS * n / (n + 1)
@@ -167,11 +178,12 @@ def race_rate(engines: Sequence[tuple[DrainCurve, int, int]], batch: int, eta: f
             last[s] = _version_end(pieces)
             dispatched += routed
         if not math.isfinite(start):
-            return 0.0
+            return Race(0.0, held)
         step_ends.append(start + publish_after)
+        held = held or (s >= warm and bool((free > step_ends[-1] * (1 + 1e-9)).any()))
         weights_in = start + step_seconds
     samples, seconds = steady_state(step_ends, [batch] * len(step_ends), eta)
-    return samples / seconds if seconds > 0 else 0.0
+    return Race(samples / seconds if seconds > 0 else 0.0, held)
 
 
 def _ranks(kinds: np.ndarray) -> np.ndarray:

@@ -74,3 +74,15 @@ def test_on_policy_plans_are_raced_to_the_longest_sample_of_the_batch() -> None:
     priced, slopes = _ratio((("H20", 3, 25.0), ("H200", 3, 12.5)), w)
     assert slopes > 1.15
     assert priced == pytest.approx(1.0, abs=0.05)
+
+
+def test_interruptible_engines_that_drain_before_each_publish_run_the_race() -> None:
+    """bench seed 0 #27: 24 H20 TP1 engines, fixed 1,024 tokens, eta 1. Each takes its ~21 samples when
+    the weights come in and finishes them ~0.5 s before the next publish, so no update interrupts
+    anything: the whole-pause derating (5.5 s of weights and re-prefill at the routed load, every
+    step) put it at 0.82 of the simulated rate; the race (planner.tail_model.race), which finds no
+    engine holding samples at a publish, prices it as an engine that is not interruptible: 1.07
+    (the settled run keeps one slow transient step; at steady state the trainer bounds both)."""
+    w = _workload("qwen2.5-7b", 32, 16, LengthDist(kind="fixed", value=1024), "async", 1, True, 1)
+    priced, _ = _ratio((("H20", 3, 25.0), ("L40S", 2, 12.5)), w)
+    assert priced == pytest.approx(1.0, abs=0.1)

@@ -9,7 +9,7 @@ import pytest
 from planner.candidates import candidates
 from planner.milp import raced, solve
 from planner.placement import reprice_sync, to_plan
-from planner.tail_model import LENGTH_PROBS, DrainCurve, drain_loss_seconds, race_rate, residual_lengths
+from planner.tail_model import LENGTH_PROBS, DrainCurve, drain_loss_seconds, race, residual_lengths
 from sim import simulate
 from traces import Cluster, CostModel, Workload, get_model
 from traces.lengths import LengthDist
@@ -98,7 +98,7 @@ FLEETS = {  # fleets of bench/analytic_vs_sim.py (seed 0: #9, #44) where the old
 def test_non_interruptible_async_analytic_agrees_with_the_simulator(name: str) -> None:
     """A long tail (lognormal mean 1,500, sigma 1) on engines that drain before each update: the old
     model (at most max(eta, 1) B E[o]/E[max o] in flight, no drain) was at 0.61 and 1.54 of the
-    simulated rate (bench/analytic_vs_sim.py --compare). The race model (planner.tail_model.race_rate)
+    simulated rate (bench/analytic_vs_sim.py --compare). The race model (planner.tail_model.race)
     prices the steady state, so it is held to the settled simulation: the short recommended window
     of the eta-4 fleet under-states it (11.1 samples/s over 10 steps, 13.2 settled after 35)."""
     groups, model, prompts, group, cap, eta = FLEETS[name]
@@ -120,7 +120,9 @@ def _fixed_curve(points: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64
 def test_race_is_training_bound_when_every_engine_drains_before_the_weights_come_in() -> None:
     """4 engines, B = 64, eta 1: a cohort spread 16 each drains in 1.16 s, before a 5 s step ends,
     so every version is water-filled over idle engines and the trainer sets the rate, B / step."""
-    assert race_rate(((_fixed_curve(), 64, 4),), 64, 1.0, 5.0, 0.3) == pytest.approx(64 / 5.0, rel=1e-9)
+    got = race(((_fixed_curve(), 64, 4),), 64, 1.0, 5.0, 0.3)
+    assert got.samples_per_s == pytest.approx(64 / 5.0, rel=1e-9)
+    assert not got.held_at_publish  # nothing to interrupt: interruptible engines would race alike
 
 
 @pytest.mark.parametrize("engines", [2, 4, 8])
@@ -129,8 +131,9 @@ def test_race_the_first_to_drain_takes_the_next_cohort(engines: int) -> None:
     every engine drains, and the first to finish takes all B (up to its max batch) while the others
     idle. At eta 1 that repeats every 3 versions: a spread cohort, a whole one on one engine, then a
     step waiting for it, so 3 B per D(B / E) + D(B) + step, well below the training-bound 64/s."""
-    rate = race_rate(((_fixed_curve(), 64, engines),), 64, 1.0, 1.0, 0.3)
-    assert rate == pytest.approx(3 * 64 / ((1 + 0.01 * 64 / engines) + (1 + 0.01 * 64) + 1.0), rel=1e-6)
+    got = race(((_fixed_curve(), 64, engines),), 64, 1.0, 1.0, 0.3)
+    assert got.samples_per_s == pytest.approx(3 * 64 / ((1 + 0.01 * 64 / engines) + (1 + 0.01 * 64) + 1.0), rel=1e-6)
+    assert got.held_at_publish  # still draining at a publish: an interruptible engine would be interrupted
 
 
 def test_fixed_length_non_interruptible_fleet_agrees_with_the_simulator() -> None:
