@@ -201,6 +201,11 @@ RUN_DIRS = {"verl-7412-qwen3-4b": "verl-qwen3-4b-4x4090"}
 # A row's unit -> the phase of sim.breakdown (verl's timing_s/gen is the trainer's wait in sync modes).
 PHASE_OF_UNIT = {"gen_s": "wait", "logprob_s": "logprob", "train_s": "train", "sync_s": "sync", "step_s": "step"}
 _RUN_STEPS = 4
+# vLLM's share of HBM (gpu_memory_utilization) as each run's framework sets it by default; it is an
+# engine setting, not a plan field, so the run is priced with it in place of the cost model's 0.9.
+# verl: `actor_rollout_ref.rollout.gpu_memory_utilization: 0.5` (github.com/verl-project/verl
+# @005f273, verl/trainer/config/rollout/rollout.yaml).
+RUN_ENGINE_SHARE = {"verl-7412-qwen3-4b": 0.5}
 
 
 def run_phases(run: str, cm: CostModel) -> dict[str, float]:
@@ -215,7 +220,9 @@ def run_phases(run: str, cm: CostModel) -> dict[str, float]:
 
         d = resources.files("traces").joinpath("data", "runs", RUN_DIRS[run])
         plan = load_plan(str(d / "plan.json"))
-        r = simulate(load_cluster(str(d / "cluster.yaml")), load_workload(str(d / "workload.yaml")), plan, cm,
+        share = RUN_ENGINE_SHARE.get(run, cm.efficiency.engine_memory_fraction)
+        run_cm = replace(cm, efficiency=replace(cm.efficiency, engine_memory_fraction=share))
+        r = simulate(load_cluster(str(d / "cluster.yaml")), load_workload(str(d / "workload.yaml")), plan, run_cm,
                      steps=_RUN_STEPS, seed=0)
         _PHASES[key] = mean_phases(r.timeline, plan.staleness)
     return _PHASES[key]

@@ -155,7 +155,7 @@ def _colocated(offload: Offload, steps: int = 2):  # type: ignore[no-untyped-def
     # 256 samples an engine, long answers: the KV cache binds once the trainer's states stay in HBM
     w = Workload(model=get_model("qwen2.5-7b"), prompts_per_step=256, group_size=8, mode="colocated",
                  prompt_len=LengthDist(kind="fixed", value=128),
-                 response_len=LengthDist(kind="lognormal", mean=2000, sigma=0.8, cap=8192))
+                 response_len=LengthDist(kind="lognormal", mean=4000, sigma=0.8, cap=8192))
     plan = Plan(mode="colocated", rollout=(RolloutGroup(gpu_type="H800", instances=8),),
                 trainer=TrainerGroup(gpu_type="H800", dp=8, zero_stage=1), offload=offload)
     r = simulate(CLUSTER, w, plan, CM, steps=steps, seed=0)

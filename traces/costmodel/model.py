@@ -136,7 +136,8 @@ class CostModel:
     # ---- memory ------------------------------------------------------------------------
     def kv_capacity_tokens(self, gpu: GpuType, model: ModelSpec, tp: ArrayLike, ep: ArrayLike = 1,
                            resident_bytes: float = 0.0) -> np.ndarray:
-        """KV tokens an engine holds; `resident_bytes` per GPU are taken by a colocated trainer's states."""
+        """KV tokens an engine holds; `resident_bytes` per GPU are a colocated trainer's states, which
+        shrink the engine's share of HBM only where they leave less than that share free."""
         return rf.kv_capacity_tokens(gpu, model, tp, self.efficiency, ep, resident_bytes)
 
     def max_batch(self, gpu: GpuType, model: ModelSpec, tp: ArrayLike, context: ArrayLike,

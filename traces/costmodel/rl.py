@@ -48,7 +48,8 @@ def trainer_fits(
 
 def colocated_resident_bytes(workload: Workload, trainer: TrainerGroup, offload: Offload) -> float:
     """Bytes per GPU of the trainer's states a colocated plan keeps in HBM while the engine runs
-    (those `offload` does not move to the host): the engine's KV cache has that much less."""
+    (those `offload` does not move to the host): the engine's share of HBM is at most what they leave
+    free (roofline.kv_capacity_tokens)."""
     parts = train_state_parts(workload.model, trainer.dp, trainer.tp, trainer.pp, zero_stage=trainer.zero_stage,
                               ep=trainer.ep)
     return float(sum(float(part) for part, moved in zip(parts, offload.trainer_parts, strict=True) if not moved))

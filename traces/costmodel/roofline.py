@@ -145,19 +145,23 @@ def engine_weight_bytes_per_gpu(model: ModelSpec, tp: ArrayLike, ep: ArrayLike =
 
 def kv_capacity_tokens(gpu: GpuType, model: ModelSpec, tp: ArrayLike, eff: Efficiency, ep: ArrayLike = 1,
                        resident_bytes: float = 0.0) -> Array:
-    """Tokens of KV cache an engine of TP t can hold: r (f HBM - reserve - resident - W_gpu) / (kv / a').
+    """Tokens of KV cache an engine of TP t can hold: r (min(f HBM, HBM - resident) - reserve - W_gpu) / (kv / a').
 
+    vLLM's share f (gpu_memory_utilization) is of the whole GPU, per instance: it requests f x total
+    memory and gives the KV cache that less its weights and profiled activations, whatever other
+    processes hold (github.com/vllm-project/vllm @35d5cda, vllm/v1/worker/gpu_worker.py,
+    init_device / determine_available_memory; the engine-args docs: "a per-instance limit").
+    `resident_bytes` per GPU (a colocated trainer's states kept in HBM) therefore only bind once
+    they leave less than f x HBM free: vLLM then refuses to start ("Free memory on device ... is
+    less than desired GPU memory utilization"), and the share a user can set is what is free.
     With a attention TP ways over r replicas (r = 1, a = t without EP), each GPU holds kv / a of a
     token, or kv / kv_shards once a exceeds the KV heads (they are replicated; MLA's latent is not
-    split at all). `resident_bytes` per GPU belong to someone else (a colocated trainer's states
-    kept in HBM).
+    split at all).
     """
     t, e = _f(tp), _f(ep)
     a, replicas = _attention_split(t, e)
-    free_per_gpu = (gpu.hbm_bytes * eff.engine_memory_fraction - eff.engine_reserve_bytes
-                    - engine_weight_bytes_per_gpu(model, t, e))
-    if resident_bytes:
-        free_per_gpu = free_per_gpu - resident_bytes
+    share = min(gpu.hbm_bytes * eff.engine_memory_fraction, gpu.hbm_bytes - resident_bytes)
+    free_per_gpu = share - eff.engine_reserve_bytes - engine_weight_bytes_per_gpu(model, t, e)
     kv_per_gpu_per_token = model.kv_bytes_per_token * np.maximum(1 / a, 1 / model.kv_shards)
     return replicas * np.maximum(free_per_gpu, 0.0) / kv_per_gpu_per_token
 
