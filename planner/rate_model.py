@@ -12,7 +12,8 @@ to H200s) may hold nothing at all. And an interruptible engine's update pause u(
 then the re-prefill of all b samples it holds) stops all b of them, so its rate at load b is
 r(b) (1 - u(b) / period), not the segment-wise derating, which prices the k-th sample's own loss
 only and misses the longer pause it puts on the other k - 1. `raced` prices the MILP's answer by
-those rules: interruptible engines at their routed loads with that derating (`_routed`), engines
+those rules: interruptible engines at their routed loads with that derating (`_routed`), unless
+none holds a sample when a step publishes (then nothing is interrupted: they run the race), engines
 that are not interruptible by their race for each version (planner.tail_model.race), and
 on-policy plans by the same race with eta = 0 (the simulator runs sync as async with eta 0: each
 batch routed to empty engines, the step waiting for its longest sample, on whichever engine it

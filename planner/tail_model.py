@@ -122,17 +122,17 @@ def race(engines: Sequence[tuple[DrainCurve, int, int]], batch: int, eta: float,
     weights v with no update pending. A trainer step publishes v + 1 and every engine gets a pending
     update; a non-interruptible one takes it only once its batch has drained, so it accepts again at
     max(its drain end, the weights in). Engines idle when the weights come in load them together and
-    the router water-fills them on its key; one still draining when they come in accepts alone, at
+    the router water-fills them on its key, whole samples; one still draining when they come in accepts alone, at
     its own drain end, and takes all the allowance left up to its max batch (the first to drain
     takes a whole cohort while the others idle: with fixed lengths the drains end within ms of each
     other, so one engine wins each such race). No sample is admitted between versions, so every
-    engine runs one-shot batches, each taking D(n) scaled to the longest it drew (m engines handed
-    n each drew the p = (j + 0.5) / m quantiles of a max of n: the first drains early); its samples
-    finish at their lengths' quantiles along it (a batch's j-th of n at length q(j / (n + 1)), time
-    in proportion), and the longest of a version's N (E[max of N], on the engine that drew it) runs
-    on alone past its own batch's expected longest. Step s starts once the trainer is free, (s + 1) B
-    samples have finished and every sample admitted at versions <= s - ceil(eta) has
-    (traces.staleness); it publishes after step_seconds - sync_seconds, the weights are in
+    engine runs one-shot batches, each taking D(n) (to the expected longest of n) scaled to the
+    longest it drew (m engines handed n each drew the p = (j + 0.5) / m quantiles of a max of n: the
+    first drains early); its samples finish at their lengths' quantiles along it (a batch's j-th of
+    n at length q(j / (n + 1)), time in proportion), and the longest of a version's N, drawn (seeded)
+    with the batch it lands in (_version_end), runs on alone past its own batch's longest. Step s
+    starts once the trainer is free, (s + 1) B samples have finished and every sample admitted at
+    versions <= s - ceil(eta) has (traces.staleness); it publishes after step_seconds - sync_seconds, the weights are in
     step_seconds after it starts. The rate is traces.records.steady_state's over warm-up +
     RACE_PERIODS periods; `held_at_publish`: some engine of the steady steps had not drained by a publish.
     """
@@ -149,8 +149,10 @@ def race(engines: Sequence[tuple[DrainCurve, int, int]], batch: int, eta: float,
     last: dict[int, float] = {}  # version admitted at -> when its last sample finishes
     dispatched, weights_in, step_ends = 0.0, 0.0, []
     warm, held = warm_steps(eta, steps), False
+    rng = np.random.default_rng(0)  # each version's longest sample, and the batch it lands in
     for s in range(steps):
         pieces: list[tuple[float, float, float, DrainCurve]] = []  # (samples, drain end, own longest) per batch
+        u, pick = rng.random(2)
         while True:
             start = _step_start(done, last, s, lag, batch, weights_in)
             left = admission_cap(eta, s, batch) - dispatched
@@ -175,7 +177,7 @@ def race(engines: Sequence[tuple[DrainCurve, int, int]], batch: int, eta: float,
                 done.extend(zip((at + c.drain(n) * c.length(ranks) / max(own, 1.0)).tolist(), [n / CHUNKS] * CHUNKS,
                                 strict=True))
                 pieces.append((n, float(free[e]), drawn, c))
-            last[s] = _version_end(pieces)
+            last[s] = _version_end(pieces, u, pick)
             dispatched += routed
         if not math.isfinite(start):
             return Race(0.0, held)
@@ -196,15 +198,17 @@ def _ranks(kinds: np.ndarray) -> np.ndarray:
     return out
 
 
-def _version_end(pieces: list[tuple[float, float, float, DrainCurve]]) -> float:
+def _version_end(pieces: list[tuple[float, float, float, DrainCurve]], u: float, pick: float) -> float:
     """When the last sample of one version's batches (samples, drain end, its own expected longest,
-    curve) finishes: the longest of all N of them (its expected value) is in a batch as likely as its
-    share, and runs alone past that batch's own longest; never before the last batch drains."""
+    curve) finishes: the longest of all N of them, drawn (its quantile u^(1/N): the max of N has CDF
+    F^N), lands in a batch drawn by share (`pick`) and runs alone past that batch's own longest; never
+    before the last batch drains. Drawn, not its expected value: a step waits for the later of its
+    trainer and a version's tail, so the tails' spread slows the steady state (E[max] > max of E)."""
     total = sum(n for n, _, _, _ in pieces)
-    longest = [c.longest_of(total) for _, _, _, c in pieces]
-    tail = sum(n * (end + max(0.0, q - own) * c.alone_seconds)
-               for (n, end, own, c), q in zip(pieces, longest, strict=True)) / total
-    return max(tail, max(end for _, end, _, _ in pieces))
+    j = min(int(np.searchsorted(np.cumsum([n for n, _, _, _ in pieces]) / total, pick)), len(pieces) - 1)
+    _, end, own, c = pieces[j]
+    q = float(c.length(u ** (1 / total)))
+    return max(end + max(0.0, q - own) * c.alone_seconds, max(e for _, e, _, _ in pieces))
 
 
 def _step_start(done: list[tuple[float, float]], last: dict[int, float], step: int, lag: int, batch: int,
@@ -221,22 +225,25 @@ def _step_start(done: list[tuple[float, float]], last: dict[int, float], step: i
 
 
 def _water_fill(n: float, curves: list[DrainCurve], caps: np.ndarray, kinds: np.ndarray) -> np.ndarray:
-    """Samples per engine (of kinds `kinds`, all empty) when n are routed to the least key with one
-    more (traces.routing), up to each one's max batch: the key level that places n, by bisection."""
+    """Whole samples per engine (of kinds `kinds`, all empty) when round(n) are routed one by one to
+    the least key with one more (traces.routing), up to each one's max batch: the round(n) least of
+    every engine's keys key(1), key(2), ... (ties to the lower kind), a kind's share dealt round
+    the engines of that kind. Whole samples matter: 14 samples spread as 0.9 over 16 slow engines
+    would keep all 16 draining, where the router gives them none and they are idle for the next
+    version (bench/analytic_vs_sim.py seed 0 #47)."""
     kk, count = np.unique(kinds, return_counts=True)
-
-    def placed(level: float) -> np.ndarray:
-        return np.array([min(caps[k], curves[k].slots_below(level)) for k in kk])
-
-    room = float((caps[kk] * count).sum())
-    if n >= room:
-        per = caps[kk]
-    else:
-        lo, hi = 0.0, max(max(curves[k].keys) for k in kk)
-        for _ in range(50):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if (placed(mid) * count).sum() < n else (lo, mid)
-        per = placed(hi)
-        per *= n / max((per * count).sum(), 1e-12)
-    where = {int(k): float(p) for k, p in zip(kk, per, strict=True)}
-    return np.array([where[int(k)] for k in kinds])
+    want = round(n)
+    levels = [np.arange(1, int(min(caps[k], want)) + 1, dtype=float) for k in kk]
+    keys = np.concatenate([np.interp(m, curves[k].points, curves[k].keys) for k, m in zip(kk, levels, strict=True)])
+    owner = np.concatenate([np.full(len(m), i) for i, m in enumerate(levels)])
+    order = np.lexsort((owner, keys))  # a level of a kind places one sample on each of its engines
+    placed = np.cumsum(count[owner[order]])
+    whole = placed <= want
+    total = np.bincount(owner[order][whole], weights=count[owner[order][whole]], minlength=len(kk))
+    if not whole.all():  # the next level, part-filled
+        total[owner[order][~whole][0]] += want - total.sum()
+    out = np.zeros(len(kinds))
+    for i, k in enumerate(kk):
+        at = np.flatnonzero(kinds == k)
+        out[at] = total[i] // count[i] + (np.arange(len(at)) < total[i] % count[i])
+    return out

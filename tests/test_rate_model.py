@@ -86,3 +86,15 @@ def test_interruptible_engines_that_drain_before_each_publish_run_the_race() -> 
     w = _workload("qwen2.5-7b", 32, 16, LengthDist(kind="fixed", value=1024), "async", 1, True, 1)
     priced, _ = _ratio((("H20", 3, 25.0), ("L40S", 2, 12.5)), w)
     assert priced == pytest.approx(1.0, abs=0.1)
+
+
+def test_the_race_routes_whole_samples() -> None:
+    """bench seed 0 #47 (not interruptible, eta 1, lognormal mean 3,000 capped at 4,096; 2 A100 TP4, 8
+    H200 and 16 H800 engines): the router gives each version's 128 samples to the A100s and H200s
+    and none to the H800s, which are idle for the next version. Spread continuously, 14 samples made
+    0.9 on each H800: all 16 kept draining, the next version went to one engine, and the race put
+    the plan at 0.80 of the simulated rate."""
+    w = _workload("qwen2.5-7b", 16, 8, LengthDist(kind="lognormal", mean=3000, sigma=0.6, cap=4096), "async", 1,
+                  False, 1)
+    priced, _ = _ratio((("A100-80G", 1, 25.0), ("H200", 1, 50.0), ("H800", 3, 12.5)), w)
+    assert priced == pytest.approx(1.0, abs=0.1)
