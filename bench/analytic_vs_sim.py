@@ -17,7 +17,9 @@ rule of traces.records.settled, at most traces.records.settle_cap steps) instead
 recommended window, which can under- or over-state a long tail's steady rate (GRPO groups finishing
 in waves longer than the window); with --compare it runs this file against REV's planner and simulator.
 Usage: python bench/analytic_vs_sim.py [--fleets 50] [--seed 0] [--steps N] [--worst 8] [--compare REV]
-       [--settled]
+       [--settled] [--more-seeds K]
+`--more-seeds K` also runs K further seeds and prints one summary line each, then all pooled: one
+seed's worst fleet is one draw of the model's misses.
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ def geomean(values: list[float]) -> float:
 def summary(ratios: list[float]) -> str:
     off = [abs(r - 1) for r in ratios]
     return (f"median {statistics.median(ratios):.3f}, median |ratio - 1| {statistics.median(off):.1%}, worst "
-            f"{max(ratios, key=lambda r: abs(r - 1)):.2f} (|ratio - 1| {max(off):.1%})")
+            f"{max(ratios, key=lambda r: abs(r - 1)):.2f} (|ratio - 1| {max(off):.1%}; "
+            f"{sum(o > 0.2 for o in off)} beyond 20%)")
 
 
 def at_revision(rev: str, args: argparse.Namespace) -> dict[int, tuple[float, float]]:
@@ -124,24 +127,12 @@ def at_revision(rev: str, args: argparse.Namespace) -> dict[int, tuple[float, fl
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fleets", type=int, default=50)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=None, help="trainer steps per simulation (default: recommended)")
-    ap.add_argument("--worst", type=int, default=8, help="print this many worst fleets with their plans")
-    ap.add_argument("--compare", metavar="REV", help="also run the bench at this git revision, side by side")
-    ap.add_argument("--settled", action="store_true", help="simulate until the steady rate settles")
-    args = ap.parse_args()
-    t_old = time.perf_counter()
-    old = at_revision(args.compare, args) if args.compare else {}
-    t_old = time.perf_counter() - t_old
-    cm, rng = CostModel(), random.Random(args.seed)
+def fleets(cm: CostModel, seed: int, args: argparse.Namespace, show: bool
+           ) -> tuple[dict[int, tuple[float, float]], list[tuple[float, str, str, str]]]:
+    """The fleets of one seed: fleet -> (analytic, simulated), and (|ratio - 1|, row, plan, kind) rows."""
+    rng = random.Random(seed)
     found: dict[int, tuple[float, float]] = {}
-    rows: list[tuple[float, str, str, bool]] = []
-    t0 = time.perf_counter()
-    print(f"{'#':>3} {'types':<22} {'model':<13} {'mode':<5} {'eta':>3} {'lengths':<16} "
-          f"{'analytic':>9} {'simulated':>9} {'ratio':>6} bottleneck")
+    rows: list[tuple[float, str, str, str]] = []
     for i in range(args.fleets):
         cluster, w = random_case(rng)
         got = ratio(cm, cluster, w, args.steps, args.settled)
@@ -155,10 +146,33 @@ def main() -> None:
         lengths = f"{rl.kind} {rl.expected():.0f}/{rl.max}"
         line = (f"{i:>3} {types:<22} {w.model.name:<13} {w.mode:<5} {w.staleness:>3} {lengths:<16} "
                 f"{analytic:9.2f} {simulated:9.2f} {r:6.2f} {bottleneck}")
-        print(line)
+        if show:
+            print(line)
         kind = "not interruptible" if w.mode == "async" and not w.interruptible else \
             "interruptible" if w.mode == "async" else "on-policy"
         rows.append((abs(r - 1), line, placed, kind))
+    return found, rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fleets", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=None, help="trainer steps per simulation (default: recommended)")
+    ap.add_argument("--worst", type=int, default=8, help="print this many worst fleets with their plans")
+    ap.add_argument("--compare", metavar="REV", help="also run the bench at this git revision, side by side")
+    ap.add_argument("--settled", action="store_true", help="simulate until the steady rate settles")
+    ap.add_argument("--more-seeds", type=int, default=0, metavar="K",
+                    help="also summarise seeds seed+1 .. seed+K (50 more fleets each), and all of them pooled")
+    args = ap.parse_args()
+    t_old = time.perf_counter()
+    old = at_revision(args.compare, args) if args.compare else {}
+    t_old = time.perf_counter() - t_old
+    cm = CostModel()
+    print(f"{'#':>3} {'types':<22} {'model':<13} {'mode':<5} {'eta':>3} {'lengths':<16} "
+          f"{'analytic':>9} {'simulated':>9} {'ratio':>6} bottleneck")
+    t0 = time.perf_counter()
+    found, rows = fleets(cm, args.seed, args, show=True)
     elapsed = time.perf_counter() - t0
     print(f"\nthe {args.worst} furthest from 1 (where the analytic model is wrong), with their plans:")
     for _, line, placed, kind in sorted(rows, reverse=True)[:args.worst]:
@@ -166,6 +180,13 @@ def main() -> None:
     ratios = [a / s for a, s in found.values()]
     print(f"\n{len(ratios)} fleets in {elapsed:.0f} s: analytic/simulated {summary(ratios)}; chosen plans' "
           f"simulated samples/s, geometric mean {geomean([s for _, s in found.values()]):.3f}")
+    pooled = list(ratios)
+    for seed in range(args.seed + 1, args.seed + 1 + args.more_seeds):  # is seed 0's worst a fair sample?
+        more, _ = fleets(cm, seed, args, show=False)
+        pooled += [a / s for a, s in more.values()]
+        print(f"seed {seed}: {len(more)} fleets, {summary([a / s for a, s in more.values()])}")
+    if args.more_seeds:
+        print(f"all {args.more_seeds + 1} seeds, {len(pooled)} fleets: {summary(pooled)}")
     if args.compare:
         both = sorted(set(old) & set(found))
         print(f"\nside by side with {args.compare} ({len(both)} fleets both planned; it ran in {t_old:.0f} s):")
