@@ -1,0 +1,68 @@
+"""HiGHS on one thread (planner.milp.HIGHS_THREADS): the answers of HiGHS's own thread count, and a
+solve still runs where a solve outside the planner started HiGHS's scheduler with more threads."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import pulp
+
+from planner import milp
+from planner.candidates import Candidates, candidates
+from traces import Cluster, CostModel, Workload, get_model
+from traces.lengths import LengthDist
+
+T = TypeVar("T")
+
+
+def _cand() -> Candidates:
+    cluster = Cluster(name="threads", node_groups=({"gpu_type": "H800", "nodes": 2}, {"gpu_type": "H20", "nodes": 2},
+                                                   {"gpu_type": "L40S", "nodes": 1}))
+    workload = Workload(name="threads", model=get_model("qwen2.5-7b"), prompts_per_step=32, group_size=8,
+                        prompt_len=LengthDist(kind="uniform", low=64, high=512),
+                        response_len=LengthDist(kind="lognormal", mean=1500, sigma=0.9, cap=6144),
+                        staleness=2, interruptible=True)
+    return candidates(CostModel.roofline_only(), cluster, workload)
+
+
+def _in_fresh_thread(fn: Callable[[], T]) -> T:
+    """HiGHS keeps one task scheduler per thread: each call starts from none."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn).result()
+
+
+def _start_scheduler(threads: int) -> None:
+    """A solve outside the planner, in this thread, with `threads` HiGHS threads."""
+    prob = pulp.LpProblem("outside", pulp.LpMaximize)
+    x = prob.add_variable("x", 0, 10, pulp.LpInteger)
+    prob += x
+    prob += 2 * x <= 7
+    assert pulp.LpStatus[prob.solve(pulp.HiGHS(msg=False, threads=threads))] == "Optimal"
+
+
+def _top3(cand: Candidates) -> list[milp.Solution]:
+    return milp.solve_async(cand, top_k=3)
+
+
+def test_one_thread_answers_as_highs_own_thread_count(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    cand = _cand()
+    one = _in_fresh_thread(lambda: _top3(cand))
+    monkeypatch.setattr(milp, "HIGHS_THREADS", 0)  # HiGHS's own choice (2 threads on 2 cores)
+    own = _in_fresh_thread(lambda: _top3(cand))
+    assert len(one) == 3 and math.isfinite(one[0].lp_bound)
+    assert [(s.trainer, s.engines) for s in one] == [(s.trainer, s.engines) for s in own]
+    assert [s.samples_per_s for s in one] == [s.samples_per_s for s in own]
+
+
+def test_a_solve_runs_where_highs_was_started_with_more_threads() -> None:
+    cand = _cand()
+    fresh = _in_fresh_thread(lambda: _top3(cand))
+
+    def after_outside() -> list[milp.Solution]:
+        _start_scheduler(2)  # HiGHS refuses a later solve asking for one thread in this thread
+        return _top3(cand)
+
+    assert _in_fresh_thread(after_outside) == fresh
