@@ -209,7 +209,7 @@ def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget
     kw = {"budget": budget, "target": target, "solver_name": solver_name, "deadline": deadline}
     if not any(o.update_seconds for o in cand.engines):
         return solve_async_fixed(cand, objective, top_k=top_k, **kw)  # type: ignore[arg-type]
-    last_round: tuple[Candidates, list[Solution]] | None = None  # when the rate settled: that round's MILP
+    last_round: tuple[Candidates, _Ranking] | None = None  # when the rate settled: that round's MILP
     if target is not None:
         # a cost objective buys the least that meets the target: such a plan runs at its period B / target
         period = cand.samples_per_step / target
@@ -219,18 +219,18 @@ def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget
             if deadline is not None and deadline.expired("the interruptible fixed point"):
                 break
             derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
-            top = solve_async_fixed(derated, objective, top_k=1, bound=False, **kw)  # type: ignore[arg-type]
+            ranking = _Ranking(derated, objective, budget, target, solver_name, deadline)
+            top = ranking.top(1, math.nan)
             if not top:
                 break
             rate = top[0].samples_per_s
             if abs(rate - last) <= 0.01 * rate:
-                last_round = (derated, top)
+                last_round = (derated, ranking)
                 break
             period, last = cand.samples_per_step / rate, rate
-    if last_round is not None and top_k == 1:  # the same MILP as the last round (seeded, deterministic): its bound
-        derated, top = last_round
-        found = [dataclasses.replace(top[0], lp_bound=lp_bound(derated, objective, budget, target, solver_name,
-                                                               deadline))]
+    if last_round is not None:  # the last round's MILP is the answer's (deterministic): its bound, more answers
+        derated, ranking = last_round
+        found = ranking.top(top_k, lp_bound(derated, objective, budget, target, solver_name, deadline))
     else:
         derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
         found = solve_async_fixed(derated, objective, top_k=top_k, **kw)  # type: ignore[arg-type]
@@ -275,25 +275,46 @@ def solve_async_fixed(cand: Candidates, objective: Objective = "throughput", *, 
     """The best `top_k` distinct solutions, each a different trainer option (no-good cuts on y).
 
     `bound=False` skips the LP relaxation (the fixed point's intermediate rounds need no bound)."""
-    trainers, engines = list(range(len(cand.trainers))), list(range(len(cand.engines)))
-    if not trainers or not engines:
+    if not cand.trainers or not cand.engines:
         return []
-    args = (cand, objective, budget, target, trainers, engines)
     bound_value = lp_bound(cand, objective, budget, target, solver_name, deadline) if bound else math.nan
-    model = _build(*args, relax=False, in_flight=cand.in_flight_cap(0.0, 0.0), tail=True)
-    model.deadline = deadline
-    out: list[Solution] = []
-    for i in range(top_k):
-        if i and deadline is not None and deadline.expired("the top-k solutions"):
-            break
-        if not _solve(model, solver_name, relax=False):
-            break
-        k, chosen = _chosen(cand, model)
-        if not chosen:  # z = 0 is always feasible: no engine fits beside any trainer
-            break
-        out.append(_make(cand, cand.trainers[k], chosen, "async", bound_value, _proven_gap(model)))
-        model.prob += model.y[k] <= 0, f"nogood{i}"
-    return out
+    return _Ranking(cand, objective, budget, target, solver_name, deadline).top(top_k, bound_value)
+
+
+class _Ranking:
+    """One async MILP and its best distinct answers so far, each a different trainer option (a
+    no-good cut on y after each): asking for more continues from the last cut, which is what
+    solving the MILP afresh asks again (issue 19: the fixed point's settled round is not re-solved)."""
+
+    def __init__(self, cand: Candidates, objective: Objective, budget: float | None, target: float | None,
+                 solver_name: str, deadline: Deadline | None) -> None:
+        self.cand, self.solver_name, self.deadline = cand, solver_name, deadline
+        self.found: list[Solution] = []
+        self.ended = not cand.trainers or not cand.engines
+        if not self.ended:
+            self.model = _build(cand, objective, budget, target, list(range(len(cand.trainers))),
+                                list(range(len(cand.engines))), relax=False, in_flight=cand.in_flight_cap(0.0, 0.0),
+                                tail=True)
+            self.model.deadline = deadline
+
+    def top(self, top_k: int, bound_value: float) -> list[Solution]:
+        """The best `top_k` (fewer if the MILP has fewer or the request's bounds stop it), with
+        `bound_value` as their LP bound."""
+        while len(self.found) < top_k and not self.ended:
+            i = len(self.found)
+            if i and self.deadline is not None and self.deadline.expired("the top-k solutions"):
+                break
+            if not _solve(self.model, self.solver_name, relax=False):
+                self.ended = True
+                break
+            k, chosen = _chosen(self.cand, self.model)
+            if not chosen:  # z = 0 is always feasible: no engine fits beside any trainer
+                self.ended = True
+                break
+            self.found.append(_make(self.cand, self.cand.trainers[k], chosen, "async", math.nan,
+                                    _proven_gap(self.model)))
+            self.model.prob += self.model.y[k] <= 0, f"nogood{i}"
+        return [dataclasses.replace(s, lp_bound=bound_value) for s in self.found[:top_k]]
 
 
 # ---- on-policy: enumerate, then the MILP for the engines ---------------------------------------

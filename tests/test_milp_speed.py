@@ -1,8 +1,11 @@
-"""HiGHS on one thread (planner.milp.HIGHS_THREADS): the answers of HiGHS's own thread count, and a
-solve still runs where a solve outside the planner started HiGHS's scheduler with more threads."""
+"""The MILP's speed-ups answer as before (issue 19): HiGHS on one thread (planner.milp.HIGHS_THREADS)
+gives the answers of HiGHS's own thread count, and still solves where a solve outside the planner
+started HiGHS's scheduler with more threads; the fixed point's settled round, continued for the
+top-k, gives that MILP's answers solved afresh."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -66,3 +69,24 @@ def test_a_solve_runs_where_highs_was_started_with_more_threads() -> None:
         return _top3(cand)
 
     assert _in_fresh_thread(after_outside) == fresh
+
+
+def test_the_settled_round_ranks_as_the_same_milp_solved_afresh() -> None:
+    """solve_async continues the fixed point's settled round for its top-k: the answers of that
+    MILP solved again from scratch at the settled period."""
+    cand = _cand()
+    assert any(o.update_seconds for o in cand.engines)  # interruptible: the fixed point runs
+    got = milp.solve_async(cand, top_k=3)
+    period, last = math.inf, 0.0
+    for _ in range(milp.FIXED_POINT_ROUNDS):  # the rounds, one fresh MILP each
+        derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
+        rate = milp.solve_async_fixed(derated, top_k=1, bound=False)[0].samples_per_s
+        if abs(rate - last) <= 0.01 * rate:
+            break
+        period, last = cand.samples_per_step / rate, rate
+    else:
+        raise AssertionError("this fleet's fixed point settles")
+    fresh = milp.solve_async_fixed(derated, top_k=3)
+    base = {id(d): o for d, o in zip(derated.engines, cand.engines, strict=True)}
+    want = [milp.settled(cand, s, tuple((base[id(o)], n) for o, n in s.engines)) for s in fresh]
+    assert len(got) == 3 and got == want
