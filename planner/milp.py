@@ -84,6 +84,7 @@ class _Model:
     x: dict[int, pulp.LpVariable]
     y: dict[int, pulp.LpVariable]
     z: pulp.LpVariable
+    n: dict[tuple[int, int], pulp.LpVariable]  # (option, segment) -> in-flight samples on it
     deadline: Deadline | None = None  # the request's clock: no solve runs past it
 
 
@@ -103,14 +104,13 @@ def _build(cand: Candidates, objective: Objective, budget: float | None, target:
         cand.trainers[k].price_per_hour * y[k] for k in trainers)
     # among plans of equal throughput prefer the cheaper one (a tie-break too small to trade throughput)
     prob += z - TIE_BREAK * cost if objective == "throughput" else cost
-    flow = []
+    flow: dict[tuple[int, int], pulp.LpVariable] = {}
     for r, o in opts.items():
-        for j, (width, slope) in enumerate(o.segments):
-            n = prob.add_variable(f"n{r}_{j}", 0)
+        for j, (width, _) in enumerate(o.segments):
+            flow[r, j] = n = prob.add_variable(f"n{r}_{j}", 0)
             prob += n <= width * x[r], f"seg{r}_{j}"
-            flow.append((n, slope))
-    prob += z <= pulp.lpSum(slope * n for n, slope in flow), "generation"
-    held = pulp.lpSum(n for n, _ in flow)
+    prob += _generation(cand, z, flow), "generation"
+    held = pulp.lpSum(flow.values())
     prob += held <= in_flight, "in_flight"
     if tail:  # Candidates.in_flight_cap: held + r T_k z <= r (eta + 1) B for the chosen trainer k, with
         # w_k = z y_k exactly (sum w_k = z, w_k <= s_k y_k: one y_k is 1), tighter than a big-M row per trainer
@@ -132,7 +132,21 @@ def _build(cand: Candidates, objective: Objective, budget: float | None, target:
         prob += cost <= budget, "budget"
     if target is not None:
         prob += z >= target, "target"
-    return _Model(prob, x, y, z)
+    return _Model(prob, x, y, z, flow)
+
+
+def _generation(cand: Candidates, z: pulp.LpVariable, flow: dict[tuple[int, int], pulp.LpVariable]
+                ) -> pulp.LpConstraint:
+    """z <= sum_rj slope_rj n_rj: the only row the update derating (EngineOption.derated) changes."""
+    return z <= pulp.lpSum(cand.engines[r].segments[j][1] * n for (r, j), n in flow.items())
+
+
+def _reslope(model: _Model, cand: Candidates) -> None:
+    """`model` as _build makes it for `cand`, whose options differ from the model's only in their
+    slopes (another period's derating): the generation row rebuilt in its place, the rest kept."""
+    row = _generation(cand, model.z, model.n)
+    row.name = "generation"
+    model.prob._constraints["generation"] = row  # same key: the row keeps its position (PuLP has no replace)
 
 
 def _solve(model: _Model, solver_name: str, relax: bool) -> bool:
@@ -210,6 +224,7 @@ def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget
     if not any(o.update_seconds for o in cand.engines):
         return solve_async_fixed(cand, objective, top_k=top_k, **kw)  # type: ignore[arg-type]
     last_round: tuple[Candidates, _Ranking] | None = None  # when the rate settled: that round's MILP
+    ranking: _Ranking | None = None  # one MILP for every round: each round changes its slopes only
     if target is not None:
         # a cost objective buys the least that meets the target: such a plan runs at its period B / target
         period = cand.samples_per_step / target
@@ -219,7 +234,10 @@ def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget
             if deadline is not None and deadline.expired("the interruptible fixed point"):
                 break
             derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
-            ranking = _Ranking(derated, objective, budget, target, solver_name, deadline)
+            if ranking is None:
+                ranking = _Ranking(derated, objective, budget, target, solver_name, deadline)
+            else:
+                ranking.reslope(derated)
             top = ranking.top(1, math.nan)
             if not top:
                 break
@@ -233,7 +251,11 @@ def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget
         found = ranking.top(top_k, lp_bound(derated, objective, budget, target, solver_name, deadline))
     else:
         derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
-        found = solve_async_fixed(derated, objective, top_k=top_k, **kw)  # type: ignore[arg-type]
+        if ranking is not None:  # the rounds' MILP at the period they reached
+            ranking.reslope(derated)
+            found = ranking.top(top_k, lp_bound(derated, objective, budget, target, solver_name, deadline))
+        else:
+            found = solve_async_fixed(derated, objective, top_k=top_k, **kw)  # type: ignore[arg-type]
     base = {id(d): o for d, o in zip(derated.engines, cand.engines, strict=True)}
     return [settled(cand, s, tuple((base[id(o)], n) for o, n in s.engines)) for s in found]
 
@@ -290,6 +312,8 @@ class _Ranking:
                  solver_name: str, deadline: Deadline | None) -> None:
         self.cand, self.solver_name, self.deadline = cand, solver_name, deadline
         self.found: list[Solution] = []
+        self.picked: list[int] = []  # each answer's trainer option, cut off (lazily) before the next solve
+        self.cuts = 0
         self.ended = not cand.trainers or not cand.engines
         if not self.ended:
             self.model = _build(cand, objective, budget, target, list(range(len(cand.trainers))),
@@ -304,6 +328,9 @@ class _Ranking:
             i = len(self.found)
             if i and self.deadline is not None and self.deadline.expired("the top-k solutions"):
                 break
+            for c in range(self.cuts, i):
+                self.model.prob += self.model.y[self.picked[c]] <= 0, f"nogood{c}"
+            self.cuts = i
             if not _solve(self.model, self.solver_name, relax=False):
                 self.ended = True
                 break
@@ -313,8 +340,17 @@ class _Ranking:
                 break
             self.found.append(_make(self.cand, self.cand.trainers[k], chosen, "async", math.nan,
                                     _proven_gap(self.model)))
-            self.model.prob += self.model.y[k] <= 0, f"nogood{i}"
+            self.picked.append(k)
         return [dataclasses.replace(s, lp_bound=bound_value) for s in self.found[:top_k]]
+
+    def reslope(self, cand: Candidates) -> None:
+        """This MILP for `cand`, the same options at another period's derating (the fixed point's
+        next round): its answers start again; the rows but one are kept, not built again."""
+        assert self.cuts == 0, "a MILP with no-good cuts is not another round's"
+        self.cand, self.found, self.picked = cand, [], []
+        if hasattr(self, "model"):
+            _reslope(self.model, cand)
+            self.ended = False
 
 
 # ---- on-policy: enumerate, then the MILP for the engines ---------------------------------------

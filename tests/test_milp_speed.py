@@ -90,3 +90,32 @@ def test_the_settled_round_ranks_as_the_same_milp_solved_afresh() -> None:
     base = {id(d): o for d, o in zip(derated.engines, cand.engines, strict=True)}
     want = [milp.settled(cand, s, tuple((base[id(o)], n) for o, n in s.engines)) for s in fresh]
     assert len(got) == 3 and got == want
+
+
+def _problem(prob: pulp.LpProblem) -> dict[str, object]:
+    """PuLP's dict of a problem less what a solve wrote into it (values, duals, slacks, status)."""
+    solved = {"varValue", "dj", "pi", "slack", "status", "sol_status"}
+
+    def strip(item: object) -> object:
+        if isinstance(item, dict):
+            return {k: strip(v) for k, v in item.items() if k not in solved}
+        if isinstance(item, list):
+            return [strip(v) for v in item]
+        return item
+
+    return strip(prob.toDict())  # type: ignore[return-value]
+
+
+def test_a_reslope_model_is_the_model_built_for_the_next_round() -> None:
+    """The fixed point keeps one MILP and changes its generation row per round: the very problem
+    _build makes for that round's derating (PuLP's dict of it: the rows HiGHS is given)."""
+    cand = _cand()
+    ranking = milp._Ranking(cand, "throughput", None, None, "auto", None)
+    rate = ranking.top(1, math.nan)[0].samples_per_s
+    derated = dataclasses.replace(cand, engines=tuple(o.derated(cand.samples_per_step / rate) for o in cand.engines))
+    assert derated.engines != cand.engines  # the slopes moved
+    ranking.reslope(derated)
+    fresh = milp._build(derated, "throughput", None, None, list(range(len(cand.trainers))),
+                        list(range(len(cand.engines))), relax=False, in_flight=cand.in_flight_cap(0.0, 0.0), tail=True)
+    assert _problem(ranking.model.prob) == _problem(fresh.prob)
+    assert ranking.top(2, math.nan) == milp._Ranking(derated, "throughput", None, None, "auto", None).top(2, math.nan)
