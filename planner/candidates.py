@@ -27,10 +27,11 @@ from itertools import product
 import numpy as np
 
 from planner import agentic_rate
-from planner.tail_model import LENGTH_PROBS, DrainCurve, drain_loss_seconds, residual_lengths
+from planner.drain import DRAWS, LazyDrain, drain_rates, drain_update_seconds, expected_longest
+from planner.memo import once
+from planner.tail_model import DrainCurve, residual_lengths
 from traces import Cluster, CostModel, GpuType, ModelSpec, Workload
 from traces.costmodel.rl import trainer_fits, trainer_step_seconds
-from traces.lengths import LengthDist
 from traces.plan_check import ep_shards, tp_shards
 from traces.staleness import admission_cap
 
@@ -194,6 +195,39 @@ def _divisors(n: int) -> list[int]:
 
 def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, sync_seconds: float = 0.0
                    ) -> list[EngineOption]:
+    out = []
+    for pool in pools:
+        for tp in _divisors(pool.per_node):
+            if tp_shards(workload.model, tp) is not None:
+                continue
+            for ep in sorted({1, tp}):
+                if ep_shards(workload.model, ep, tp, engine=True) is not None:
+                    continue
+                # the curve depends on the GPU, TP, EP and job alone: once per cost model (planner.memo)
+                curve = once(cm, ("engine curve", pool.gpu, tp, ep, workload),
+                             lambda g=pool.gpu, t=tp, e=ep: _engine_curve(cm, g, workload, t, e))
+                if curve is not None:
+                    out.append(_priced(cm, pool, workload, curve, sync_seconds))
+    return out
+
+
+@dataclass(frozen=True)
+class _Curve:
+    """An engine option's figures that do not depend on its fleet (engine_options)."""
+
+    tp: int
+    ep: int
+    full: int
+    points: np.ndarray
+    widths: np.ndarray
+    slopes: np.ndarray
+    longest: float
+    reprefill: np.ndarray | None  # interruptible: seconds to re-prefill what it holds, at each point
+    curve: LazyDrain | None
+    keys: tuple[float, ...]
+
+
+def _engine_curve(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, ep: int) -> _Curve | None:
     model = workload.model
     prompt, response = workload.prompt_len.expected(), workload.response_len.expected()
     square = workload.response_len.expected_square()
@@ -201,125 +235,71 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
     episodes = workload.agentic is not None  # multi-turn: the curve is over episodes in flight (planner.agentic_rate)
     if episodes:
         context = agentic_rate.decode_context(workload)
-    draws = np.sort(workload.response_len.sample(np.random.default_rng(0), DRAWS))
-    residuals = residual_lengths(draws)
     key_context = prompt + response / 2  # a mean-length sample's, as the router's key (sim.simulate)
-    out = []
-    for pool in pools:
-        for tp in _divisors(pool.per_node):
-            if tp_shards(model, tp) is not None:
-                continue
-            for ep in sorted({1, tp}):
-                if ep_shards(model, ep, tp, engine=True) is not None:
-                    continue
-                if float(cm.kv_capacity_tokens(pool.gpu, model, tp, ep)) < workload.max_seq_len:
-                    continue
-                full = agentic_rate.full_batch(cm, pool.gpu, workload, tp, ep) if episodes else int(
-                    cm.generation_rate(pool.gpu, model, tp, prompt_mean=prompt, response_mean=response,
-                                       response_sq_mean=square, ep=ep).batch)
-                if full < 1:
-                    continue
-                points = np.unique(np.r_[2 ** np.arange(int(np.log2(full)) + 1), full])
-                held = points.astype(float)  # samples in flight at each point: the running ones, but for episodes
-                if episodes and workload.mode == "async":  # the steady state, tool waits by Little's law
-                    held, rates = agentic_rate.episode_rates(cm, pool.gpu, workload, tp, points, ep)
-                elif episodes:  # on-policy: one batch of episodes at a time, drained (planner.episode_drain)
-                    rates = agentic_rate.on_policy_rates(cm, pool.gpu, workload, tp, points, ep)
-                elif workload.mode == "async":
-                    rates = cm.generation_rate(pool.gpu, model, tp, prompt_mean=prompt, response_mean=response,
-                                               response_sq_mean=square, max_num_seqs=points, ep=ep).samples_per_s
-                else:
-                    rates = drain_rates(cm, pool.gpu, workload, tp, points, draws, ep)
-                rates = rates / workload.generated_per_trained  # trained samples/s: dynamic sampling drops the rest
-                widths = np.diff(np.r_[0.0, held])
-                slopes = np.minimum.accumulate(np.diff(np.r_[0.0, rates]) / widths)  # keep the curve concave
-                update: tuple[float, ...] = ()
-                curve: LazyDrain | None = None
-                keys: tuple[float, ...] = ()
-                if workload.interruptible and workload.mode == "async":
-                    reprefill = cm.prefill(pool.gpu, model, tp, points * context, context, ep).seconds
-                    update = tuple((sync_seconds + reprefill).tolist())
-                    if not episodes:  # priced at its routed load (planner.rate_model.raced)
-                        keys = tuple(np.asarray(cm.decode(pool.gpu, model, tp, held, key_context, ep).seconds,
-                                                float).tolist())
-                elif workload.mode == "async":
-                    update = drain_update_seconds(cm, pool.gpu, workload, tp, ep, points, residuals, context,
-                                                  sync_seconds)
-                raced = workload.mode == "sync" or (workload.mode == "async" and not workload.interruptible)
-                if raced and not episodes and workload.dynamic_sampling is None:
-                    curve = LazyDrain(cm, pool.gpu, workload, tp, ep, points, draws)  # planner.rate_model.raced
-                out.append(EngineOption(pool.index, tp, float((widths * slopes).sum()), full,
-                                        tp * pool.gpu.price_per_gpu_hour,
-                                        tuple(zip(widths.tolist(), slopes.tolist(), strict=True)),
-                                        agentic_rate.longest_episode_seconds(cm, pool.gpu, workload, tp, ep) if episodes
-                                        else _longest_sample_seconds(cm, pool.gpu, workload, tp, ep), update, ep,
-                                        curve, keys))
-    return out
+    if float(cm.kv_capacity_tokens(gpu, model, tp, ep)) < workload.max_seq_len:
+        return None
+    full = agentic_rate.full_batch(cm, gpu, workload, tp, ep) if episodes else int(
+        cm.generation_rate(gpu, model, tp, prompt_mean=prompt, response_mean=response,
+                           response_sq_mean=square, ep=ep).batch)
+    if full < 1:
+        return None
+    points = np.unique(np.r_[2 ** np.arange(int(np.log2(full)) + 1), full])
+    held = points.astype(float)  # samples in flight at each point: the running ones, but for episodes
+    draws = _draws(workload)
+    if episodes and workload.mode == "async":  # the steady state, tool waits by Little's law
+        held, rates = agentic_rate.episode_rates(cm, gpu, workload, tp, points, ep)
+    elif episodes:  # on-policy: one batch of episodes at a time, drained (planner.episode_drain)
+        rates = agentic_rate.on_policy_rates(cm, gpu, workload, tp, points, ep)
+    elif workload.mode == "async":
+        rates = cm.generation_rate(gpu, model, tp, prompt_mean=prompt, response_mean=response,
+                                   response_sq_mean=square, max_num_seqs=points, ep=ep).samples_per_s
+    else:
+        rates = drain_rates(cm, gpu, workload, tp, points, draws, ep)
+    rates = rates / workload.generated_per_trained  # trained samples/s: dynamic sampling drops the rest
+    widths = np.diff(np.r_[0.0, held])
+    slopes = np.minimum.accumulate(np.diff(np.r_[0.0, rates]) / widths)  # keep the curve concave
+    reprefill: np.ndarray | None = None
+    curve: LazyDrain | None = None
+    keys: tuple[float, ...] = ()
+    if workload.interruptible and workload.mode == "async":
+        reprefill = cm.prefill(gpu, model, tp, points * context, context, ep).seconds
+        if not episodes:  # priced at its routed load (planner.rate_model.raced)
+            keys = tuple(np.asarray(cm.decode(gpu, model, tp, held, key_context, ep).seconds, float).tolist())
+    raced = workload.mode == "sync" or (workload.mode == "async" and not workload.interruptible)
+    if raced and not episodes and workload.dynamic_sampling is None:
+        curve = LazyDrain(cm, gpu, workload, tp, ep, points, draws)  # planner.rate_model.raced
+    longest = (agentic_rate.longest_episode_seconds(cm, gpu, workload, tp, ep) if episodes
+               else _longest_sample_seconds(cm, gpu, workload, tp, ep))
+    return _Curve(tp, ep, full, points, widths, slopes, longest, reprefill, curve, keys)
 
 
-class LazyDrain:
-    """One engine option's drain_curve, built when planner.rate_model.raced first asks for it: only the answer
-    (and what the planner confirms) is raced, so building every option's curve up front was wasted
-    work on most requests (a third of the candidate build on the demo fleet, not interruptible).
-    Compared by identity: derated copies of an option share it."""
-
-    def __init__(self, cm: CostModel, gpu: GpuType, workload: Workload, tp: int, ep: int, points: np.ndarray,
-                 draws: np.ndarray) -> None:
-        self._args = (cm, gpu, workload, tp, ep, points, draws)
-        self._curve: DrainCurve | None = None
-
-    def curve(self) -> DrainCurve:
-        if self._curve is None:
-            cm, gpu, workload, tp, ep, points, draws = self._args
-            self._curve = drain_curve(cm, gpu, workload, tp, ep, points, draws, _longest_of(workload.response_len))
-        return self._curve
+def _priced(cm: CostModel, pool: Pool, workload: Workload, c: _Curve, sync_seconds: float) -> EngineOption:
+    """The option of `c` in `pool`, with each step's update at this fleet's weight-sync time."""
+    update: tuple[float, ...] = ()
+    if c.reprefill is not None:
+        update = tuple((sync_seconds + c.reprefill).tolist())
+    elif workload.mode == "async":
+        context = (agentic_rate.decode_context(workload) if workload.agentic is not None else
+                   workload.prompt_len.expected() + workload.response_len.expected_square()
+                   / (2 * workload.response_len.expected()))
+        update = drain_update_seconds(cm, pool.gpu, workload, c.tp, c.ep, c.points,
+                                      _residuals(workload), context, sync_seconds)
+    segments = tuple(zip(c.widths.tolist(), c.slopes.tolist(), strict=True))
+    return EngineOption(pool.index, c.tp, float((c.widths * c.slopes).sum()), c.full,
+                        c.tp * pool.gpu.price_per_gpu_hour, segments, c.longest, update, c.ep, c.curve, c.keys)
 
 
-def drain_curve(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, ep: int, points: np.ndarray,
-                draws: np.ndarray, longest: tuple[float, ...]) -> DrainCurve:
-    """D(n) = n / drain_rates(n) at the load points, and the simulator's routing key there: one decode
-    iteration of n samples at a mean-length sample's context, prompt + E[o] / 2 (sim.simulate)."""
-    seconds = points / drain_rates(cm, gpu, workload, tp, points, draws, ep)
-    mean = workload.prompt_len.expected() + workload.response_len.expected() / 2
-    keys = np.asarray(cm.decode(gpu, workload.model, tp, points, mean, ep).seconds, float)
-    quantiles = np.quantile(draws, LENGTH_PROBS)
-    # the longest sample runs alone at the end: one iteration of one sample at a long sample's mean context
-    alone = float(cm.decode(gpu, workload.model, tp, 1, workload.prompt_len.expected() + quantiles[-1] / 2, ep
-                            ).seconds)
-    return DrainCurve(tuple(points.astype(float).tolist()), tuple(seconds.tolist()), tuple(keys.tolist()),
-                      tuple(quantiles.tolist()), alone, longest)
+@functools.lru_cache(maxsize=16)  # every option of a job draws the same
+def _draws(workload: Workload) -> np.ndarray:
+    """Seeded response lengths, sorted (the on-policy drain curve's and the drain loss's); read-only."""
+    draws = np.sort(workload.response_len.sample(np.random.default_rng(0), DRAWS))
+    draws.flags.writeable = False
+    return draws
 
 
-def drain_update_seconds(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, ep: int, points: np.ndarray,
-                         residuals: np.ndarray, context: float, sync_seconds: float) -> tuple[float, ...]:
-    """Seconds per trainer step a non-interruptible engine loses draining its batch (and waiting for
-    the weights) at each load point (planner.tail_model)."""
-    def iteration(running: np.ndarray, ctx: np.ndarray) -> np.ndarray:
-        return np.asarray(cm.decode(gpu, workload.model, tp, running, ctx, ep).seconds, dtype=float)
-
-    return tuple(drain_loss_seconds(residuals, points, iteration, context, sync_seconds).tolist())
-
-
-DRAWS = 4096  # seeded response draws for the on-policy drain curve
-LONGEST_OF = 14  # the expected longest of 2^k responses, k < this (cohorts up to 8192 samples)
-
-
-def drain_rates(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, points: np.ndarray,
-                draws: np.ndarray, ep: int = 1) -> np.ndarray:
-    """On-policy samples/s of one engine handed n (`points`) samples at once: n / D(n), where the
-    drain D(n) = their prefill + the sum over decode positions k of one iteration with the
-    n S(k) samples still running (S: the response lengths' survival, from sorted seeded `draws`),
-    up to the expected longest of n. A steady-state rate would keep the batch full; a one-shot
-    batch thins out and ends on its longest sample alone."""
-    prompt = workload.prompt_len.expected()
-    n = points.astype(float)[:, None]
-    longest = np.quantile(draws, n[:, 0] / (n[:, 0] + 1))[:, None]  # E[max of n] ~ the n/(n+1) quantile
-    k = longest * np.linspace(0.0, 1.0, 65)[None, :]
-    running = np.maximum(1.0, n * (1 - np.searchsorted(draws, k, "right") / len(draws)))
-    it = np.asarray(cm.decode(gpu, workload.model, tp, running, prompt + k, ep).seconds, dtype=float)
-    decode = ((it[:, 1:] + it[:, :-1]) / 2 * np.diff(k, axis=1)).sum(axis=1)
-    fill = np.asarray(cm.prefill(gpu, workload.model, tp, n[:, 0] * prompt, prompt, ep).seconds, dtype=float)
-    return n[:, 0] / (decode + fill)
+@functools.lru_cache(maxsize=16)
+def _residuals(workload: Workload) -> np.ndarray:
+    return residual_lengths(_draws(workload))
 
 
 def _longest_sample_seconds(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, ep: int = 1) -> float:
@@ -426,22 +406,6 @@ def _tail_seconds_per_token(cm: CostModel, pools: tuple[Pool, ...], workload: Wo
         return 0.0
     e = max(engines, key=lambda o: o.samples_per_s / o.price_per_hour)
     return agentic_rate.tail_seconds_per_token(cm, pools[e.pool].gpu, workload, e.tp, e.batch, e.ep)
-
-
-@functools.lru_cache(maxsize=64)  # every drain curve of a request asks for the same lengths' figures
-def _longest_of(dist: LengthDist) -> tuple[float, ...]:
-    """The expected longest of 2^k responses, k < LONGEST_OF."""
-    return tuple(expected_longest(dist, 2 ** k) for k in range(LONGEST_OF))
-
-
-def expected_longest(dist: LengthDist, n: int, cohorts: int = 16) -> float:
-    """Mean longest response of a cohort of n samples admitted together (seeded draws).
-
-    The staleness rule waits for the longest sample of each cohort, which for a capped long tail
-    is often below the cap (lognormal mean 600, sigma 1, cap 8192: about 6,550 at n = 512).
-    """
-    draws = dist.sample(np.random.default_rng(0), n * cohorts).reshape(cohorts, n)
-    return float(draws.max(axis=1).mean())
 
 
 def estimated_sync_seconds(cm: CostModel, pools: tuple[Pool, ...], workload: Workload) -> float:
