@@ -41,7 +41,9 @@ def _memo(cm: CostModel) -> dict[Hashable, Any]:
         return held[1]
 
 
-def _forget(ident: int, ref: weakref.ref[CostModel]) -> None:
-    with _LOCK:
-        if ident in _MEMOS and _MEMOS[ident][0] is ref:
-            del _MEMOS[ident]
+def _forget(ident: int, ref: weakref.ref[CostModel], memos: dict[int, Any] = _MEMOS,
+            lock: Any = _LOCK) -> None:
+    """Drop a dead cost model's memo (the dict and lock bound here: at exit the module's names are gone)."""
+    with lock:
+        if ident in memos and memos[ident][0] is ref:
+            del memos[ident]
