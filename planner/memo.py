@@ -10,6 +10,7 @@ dropped with it), so a worker forked with the request's cost model starts with w
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Hashable
@@ -36,7 +37,7 @@ def _memo(cm: CostModel) -> dict[Hashable, Any]:
         held = _MEMOS.get(id(cm))
         if held is None or held[0]() is not cm:  # none yet, or an earlier cost model's id reused
             ident = id(cm)
-            held = (weakref.ref(cm, lambda ref: _forget(ident, ref)), {})
+            held = (weakref.ref(cm, functools.partial(_forget, ident)), {})  # a partial: still callable at exit
             _MEMOS[ident] = held
         return held[1]
 
