@@ -7,7 +7,7 @@ lengths) grows with the samples it holds, concavely: decode iterations get longe
 grows. It is kept as a piecewise-linear curve up to the batch the KV cache allows, so the MILP can
 spread a bounded number of in-flight samples (AReaL's capacity rule) over engines. On-policy
 engines get one batch at a time, which thins out as samples finish: their curve is the drain rate
-(planner.drains.drain_rates), not the steady state.
+(planner.drain.drain_rates), not the steady state.
 Trainer options take whole nodes of one pool (the rest of a node would be stranded), for every
 (dp, tp, pp, ep, ZeRO stage, recomputation) that fits in memory; only the fastest per (pool, nodes) is
 kept, since the planner would never pick a slower one.
@@ -19,6 +19,7 @@ of TP t with EP 1 or t (data-parallel attention, inside a node), trainers with E
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from itertools import product
@@ -26,7 +27,8 @@ from itertools import product
 import numpy as np
 
 from planner import agentic_rate
-from planner.drains import DRAWS, LazyDrain, drain_rates, drain_update_seconds, expected_longest
+from planner.drain import DRAWS, LazyDrain, drain_rates, drain_update_seconds, expected_longest
+from planner.memo import once
 from planner.tail_model import DrainCurve, residual_lengths
 from traces import Cluster, CostModel, GpuType, ModelSpec, Workload
 from traces.costmodel.rl import trainer_fits, trainer_step_seconds
@@ -193,6 +195,39 @@ def _divisors(n: int) -> list[int]:
 
 def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, sync_seconds: float = 0.0
                    ) -> list[EngineOption]:
+    out = []
+    for pool in pools:
+        for tp in _divisors(pool.per_node):
+            if tp_shards(workload.model, tp) is not None:
+                continue
+            for ep in sorted({1, tp}):
+                if ep_shards(workload.model, ep, tp, engine=True) is not None:
+                    continue
+                # the curve depends on the GPU, TP, EP and job alone: once per cost model (planner.memo)
+                curve = once(cm, ("engine curve", pool.gpu, tp, ep, workload),
+                             lambda g=pool.gpu, t=tp, e=ep: _engine_curve(cm, g, workload, t, e))
+                if curve is not None:
+                    out.append(_priced(cm, pool, workload, curve, sync_seconds))
+    return out
+
+
+@dataclass(frozen=True)
+class _Curve:
+    """An engine option's figures that do not depend on its fleet (engine_options)."""
+
+    tp: int
+    ep: int
+    full: int
+    points: np.ndarray
+    widths: np.ndarray
+    slopes: np.ndarray
+    longest: float
+    reprefill: np.ndarray | None  # interruptible: seconds to re-prefill what it holds, at each point
+    curve: LazyDrain | None
+    keys: tuple[float, ...]
+
+
+def _engine_curve(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, ep: int) -> _Curve | None:
     model = workload.model
     prompt, response = workload.prompt_len.expected(), workload.response_len.expected()
     square = workload.response_len.expected_square()
@@ -200,59 +235,70 @@ def engine_options(cm: CostModel, pools: tuple[Pool, ...], workload: Workload, s
     episodes = workload.agentic is not None  # multi-turn: the curve is over episodes in flight (planner.agentic_rate)
     if episodes:
         context = agentic_rate.decode_context(workload)
-    draws = np.sort(workload.response_len.sample(np.random.default_rng(0), DRAWS))
-    residuals = residual_lengths(draws)
     key_context = prompt + response / 2  # a mean-length sample's, as the router's key (sim.simulate)
-    out = []
-    for pool in pools:
-        for tp in _divisors(pool.per_node):
-            if tp_shards(model, tp) is not None:
-                continue
-            for ep in sorted({1, tp}):
-                if ep_shards(model, ep, tp, engine=True) is not None:
-                    continue
-                if float(cm.kv_capacity_tokens(pool.gpu, model, tp, ep)) < workload.max_seq_len:
-                    continue
-                full = agentic_rate.full_batch(cm, pool.gpu, workload, tp, ep) if episodes else int(
-                    cm.generation_rate(pool.gpu, model, tp, prompt_mean=prompt, response_mean=response,
-                                       response_sq_mean=square, ep=ep).batch)
-                if full < 1:
-                    continue
-                points = np.unique(np.r_[2 ** np.arange(int(np.log2(full)) + 1), full])
-                held = points.astype(float)  # samples in flight at each point: the running ones, but for episodes
-                if episodes and workload.mode == "async":  # the steady state, tool waits by Little's law
-                    held, rates = agentic_rate.episode_rates(cm, pool.gpu, workload, tp, points, ep)
-                elif episodes:  # on-policy: one batch of episodes at a time, drained (planner.episode_drain)
-                    rates = agentic_rate.on_policy_rates(cm, pool.gpu, workload, tp, points, ep)
-                elif workload.mode == "async":
-                    rates = cm.generation_rate(pool.gpu, model, tp, prompt_mean=prompt, response_mean=response,
-                                               response_sq_mean=square, max_num_seqs=points, ep=ep).samples_per_s
-                else:
-                    rates = drain_rates(cm, pool.gpu, workload, tp, points, draws, ep)
-                rates = rates / workload.generated_per_trained  # trained samples/s: dynamic sampling drops the rest
-                widths = np.diff(np.r_[0.0, held])
-                slopes = np.minimum.accumulate(np.diff(np.r_[0.0, rates]) / widths)  # keep the curve concave
-                update: tuple[float, ...] = ()
-                curve: LazyDrain | None = None
-                keys: tuple[float, ...] = ()
-                if workload.interruptible and workload.mode == "async":
-                    reprefill = cm.prefill(pool.gpu, model, tp, points * context, context, ep).seconds
-                    update = tuple((sync_seconds + reprefill).tolist())
-                    if not episodes:  # priced at its routed load (planner.rate_model.raced)
-                        keys = tuple(np.asarray(cm.decode(pool.gpu, model, tp, held, key_context, ep).seconds,
-                                                float).tolist())
-                elif workload.mode == "async":
-                    update = drain_update_seconds(cm, pool.gpu, workload, tp, ep, points, residuals, context,
-                                                  sync_seconds)
-                if workload.mode != "colocated" and not episodes and workload.dynamic_sampling is None:
-                    curve = LazyDrain(cm, pool.gpu, workload, tp, ep, points, draws)  # planner.rate_model.raced
-                out.append(EngineOption(pool.index, tp, float((widths * slopes).sum()), full,
-                                        tp * pool.gpu.price_per_gpu_hour,
-                                        tuple(zip(widths.tolist(), slopes.tolist(), strict=True)),
-                                        agentic_rate.longest_episode_seconds(cm, pool.gpu, workload, tp, ep) if episodes
-                                        else _longest_sample_seconds(cm, pool.gpu, workload, tp, ep), update, ep,
-                                        curve, keys))
-    return out
+    if float(cm.kv_capacity_tokens(gpu, model, tp, ep)) < workload.max_seq_len:
+        return None
+    full = agentic_rate.full_batch(cm, gpu, workload, tp, ep) if episodes else int(
+        cm.generation_rate(gpu, model, tp, prompt_mean=prompt, response_mean=response,
+                           response_sq_mean=square, ep=ep).batch)
+    if full < 1:
+        return None
+    points = np.unique(np.r_[2 ** np.arange(int(np.log2(full)) + 1), full])
+    held = points.astype(float)  # samples in flight at each point: the running ones, but for episodes
+    draws = _draws(workload)
+    if episodes and workload.mode == "async":  # the steady state, tool waits by Little's law
+        held, rates = agentic_rate.episode_rates(cm, gpu, workload, tp, points, ep)
+    elif episodes:  # on-policy: one batch of episodes at a time, drained (planner.episode_drain)
+        rates = agentic_rate.on_policy_rates(cm, gpu, workload, tp, points, ep)
+    elif workload.mode == "async":
+        rates = cm.generation_rate(gpu, model, tp, prompt_mean=prompt, response_mean=response,
+                                   response_sq_mean=square, max_num_seqs=points, ep=ep).samples_per_s
+    else:
+        rates = drain_rates(cm, gpu, workload, tp, points, draws, ep)
+    rates = rates / workload.generated_per_trained  # trained samples/s: dynamic sampling drops the rest
+    widths = np.diff(np.r_[0.0, held])
+    slopes = np.minimum.accumulate(np.diff(np.r_[0.0, rates]) / widths)  # keep the curve concave
+    reprefill: np.ndarray | None = None
+    curve: LazyDrain | None = None
+    keys: tuple[float, ...] = ()
+    if workload.interruptible and workload.mode == "async":
+        reprefill = cm.prefill(gpu, model, tp, points * context, context, ep).seconds
+        if not episodes:  # priced at its routed load (planner.rate_model.raced)
+            keys = tuple(np.asarray(cm.decode(gpu, model, tp, held, key_context, ep).seconds, float).tolist())
+    if workload.mode != "colocated" and not episodes and workload.dynamic_sampling is None:
+        curve = LazyDrain(cm, gpu, workload, tp, ep, points, draws)  # planner.rate_model.raced
+    longest = (agentic_rate.longest_episode_seconds(cm, gpu, workload, tp, ep) if episodes
+               else _longest_sample_seconds(cm, gpu, workload, tp, ep))
+    return _Curve(tp, ep, full, points, widths, slopes, longest, reprefill, curve, keys)
+
+
+def _priced(cm: CostModel, pool: Pool, workload: Workload, c: _Curve, sync_seconds: float) -> EngineOption:
+    """The option of `c` in `pool`, with each step's update at this fleet's weight-sync time."""
+    update: tuple[float, ...] = ()
+    if c.reprefill is not None:
+        update = tuple((sync_seconds + c.reprefill).tolist())
+    elif workload.mode == "async":
+        context = (agentic_rate.decode_context(workload) if workload.agentic is not None else
+                   workload.prompt_len.expected() + workload.response_len.expected_square()
+                   / (2 * workload.response_len.expected()))
+        update = drain_update_seconds(cm, pool.gpu, workload, c.tp, c.ep, c.points,
+                                      _residuals(workload), context, sync_seconds)
+    segments = tuple(zip(c.widths.tolist(), c.slopes.tolist(), strict=True))
+    return EngineOption(pool.index, c.tp, float((c.widths * c.slopes).sum()), c.full,
+                        c.tp * pool.gpu.price_per_gpu_hour, segments, c.longest, update, c.ep, c.curve, c.keys)
+
+
+@functools.lru_cache(maxsize=16)  # every option of a job draws the same
+def _draws(workload: Workload) -> np.ndarray:
+    """Seeded response lengths, sorted (the on-policy drain curve's and the drain loss's); read-only."""
+    draws = np.sort(workload.response_len.sample(np.random.default_rng(0), DRAWS))
+    draws.flags.writeable = False
+    return draws
+
+
+@functools.lru_cache(maxsize=16)
+def _residuals(workload: Workload) -> np.ndarray:
+    return residual_lengths(_draws(workload))
 
 
 def _longest_sample_seconds(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, ep: int = 1) -> float:

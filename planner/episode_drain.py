@@ -1,6 +1,6 @@
 """On-policy (sync, colocated) rate of one engine handed n agentic episodes at once: their drain.
 
-As planner.drains.drain_rates prices a one-shot batch of single-turn samples, the batch thins as
+As planner.drain.drain_rates prices a one-shot batch of single-turn samples, the batch thins as
 episodes finish; in between, an episode out on a tool call holds no slot (sim.tool_calls), so its
 slot idles unless another episode decodes. The drain is stepped in time as a fluid: every decoding
 episode gains dt / it(b) tokens a step, b the episodes of its batch decoding then, it(b) one decode

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from planner.milp import Mode, Solution
-from planner.parallel import SolveJob, solve_job
+from planner.parallel import SolveJob, light_cost_model, solve_job
 from planner.scoring import Search
 from traces import Cluster
 
@@ -46,8 +46,11 @@ def ask_ahead(search: Search, mode: Mode, budget: float | None) -> Ahead | None:
     if search.sims.workers == 1:
         return None
     q = _question(budget)
+    inherited = search.sims.inherited(search.cm)
+    cm = search.cm if inherited is None else light_cost_model()  # named by id: the worker has it
     return {name: search.sims.submit(solve_job, SolveJob(None, mode, q["objective"], q["budget"], q["target"], 1,
-                                                         search.solver, fleet=(search.cm, c, search.workload)))
+                                                         search.solver, fleet=(cm, c, search.workload),
+                                                         inherited=inherited))
             for name, (c, _) in _fleets(search.cluster).items()}
 
 

@@ -24,7 +24,7 @@ period (`settled`), so a plan that meets a target meets it at the period it runs
 On-policy plans alternate, so the step is a sum, B / G + T_k (or the longest sample, if longer),
 which is not linear. For a fixed trainer and a fixed slowest allowed engine type it grows with G, so
 they are solved exactly by enumerating both and maximising G in the MILP above (in flight: one
-batch; each engine's curve its drain rate, planner.candidates.drain_rates: a one-shot batch thins
+batch; each engine's curve its drain rate, planner.drain.drain_rates: a one-shot batch thins
 out as its samples finish). Colocated plans share one pool's GPUs and are enumerated outright.
 The rate model itself (`evaluate`, and `raced`, which prices the answer by the simulator's routing
 and update rules) is planner.rate_model.
@@ -54,15 +54,22 @@ Objective = Literal["throughput", "cost"]
 SOLVE_SECONDS = 60  # a bound on any one solve, so no input can hang the planner
 TIE_BREAK = 1e-6  # samples/s traded per $/h among plans that tie on throughput
 FIXED_POINT_ROUNDS = 4
+# HiGHS on one thread: these MILPs are small (most close at the root node), and a second thread only
+# competes for the cores with the request's other solves and simulations (issue 19: the demo's
+# serial request 10.0 -> 6.8 CPU s; the same integer answers on 2,099 MILPs of bench/same_plans' cases)
+HIGHS_THREADS = 1
 
 
-def solver(name: str = "auto", mip: bool = True, seconds: float = SOLVE_SECONDS) -> pulp.LpSolver:
-    """HiGHS (via highspy) when installed, else PuLP's bundled CBC; `name` forces one."""
+def solver(name: str = "auto", mip: bool = True, seconds: float = SOLVE_SECONDS,
+           threads: int | None = None) -> pulp.LpSolver:
+    """HiGHS (via highspy) when installed, else PuLP's bundled CBC; `name` forces one.
+    `threads`: HiGHS's thread count (None: HIGHS_THREADS; 0: HiGHS's own choice)."""
     if name not in ("auto", "highs", "cbc"):
         raise SpecError(f"unknown solver '{name}'; use auto, highs or cbc")
     limit = max(1, min(SOLVE_SECONDS, round(seconds)))
     if name in ("auto", "highs"):
-        highs = pulp.HiGHS(mip=mip, msg=False, timeLimit=limit, gapRel=1e-7)
+        highs = pulp.HiGHS(mip=mip, msg=False, timeLimit=limit, gapRel=1e-7,
+                           threads=HIGHS_THREADS if threads is None else threads)
         if highs.available():
             return highs
         if name == "highs":
@@ -77,6 +84,7 @@ class _Model:
     x: dict[int, pulp.LpVariable]
     y: dict[int, pulp.LpVariable]
     z: pulp.LpVariable
+    n: dict[tuple[int, int], pulp.LpVariable]  # (option, segment) -> in-flight samples on it
     deadline: Deadline | None = None  # the request's clock: no solve runs past it
 
 
@@ -96,14 +104,13 @@ def _build(cand: Candidates, objective: Objective, budget: float | None, target:
         cand.trainers[k].price_per_hour * y[k] for k in trainers)
     # among plans of equal throughput prefer the cheaper one (a tie-break too small to trade throughput)
     prob += z - TIE_BREAK * cost if objective == "throughput" else cost
-    flow = []
+    flow: dict[tuple[int, int], pulp.LpVariable] = {}
     for r, o in opts.items():
-        for j, (width, slope) in enumerate(o.segments):
-            n = prob.add_variable(f"n{r}_{j}", 0)
+        for j, (width, _) in enumerate(o.segments):
+            flow[r, j] = n = prob.add_variable(f"n{r}_{j}", 0)
             prob += n <= width * x[r], f"seg{r}_{j}"
-            flow.append((n, slope))
-    prob += z <= pulp.lpSum(slope * n for n, slope in flow), "generation"
-    held = pulp.lpSum(n for n, _ in flow)
+    prob += _generation(cand, z, flow), "generation"
+    held = pulp.lpSum(flow.values())
     prob += held <= in_flight, "in_flight"
     if tail:  # Candidates.in_flight_cap: held + r T_k z <= r (eta + 1) B for the chosen trainer k, with
         # w_k = z y_k exactly (sum w_k = z, w_k <= s_k y_k: one y_k is 1), tighter than a big-M row per trainer
@@ -125,14 +132,41 @@ def _build(cand: Candidates, objective: Objective, budget: float | None, target:
         prob += cost <= budget, "budget"
     if target is not None:
         prob += z >= target, "target"
-    return _Model(prob, x, y, z)
+    return _Model(prob, x, y, z, flow)
+
+
+def _generation(cand: Candidates, z: pulp.LpVariable, flow: dict[tuple[int, int], pulp.LpVariable]
+                ) -> pulp.LpConstraint:
+    """z <= sum_rj slope_rj n_rj: the only row the update derating (EngineOption.derated) changes."""
+    return z <= pulp.lpSum(cand.engines[r].segments[j][1] * n for (r, j), n in flow.items())
+
+
+def _reslope(model: _Model, cand: Candidates) -> None:
+    """`model` as _build makes it for `cand`, whose options differ from the model's only in their
+    slopes (another period's derating): the generation row rebuilt in its place, the rest kept."""
+    row = _generation(cand, model.z, model.n)
+    row.name = "generation"
+    model.prob._constraints["generation"] = row  # same key: the row keeps its position (PuLP has no replace)
 
 
 def _solve(model: _Model, solver_name: str, relax: bool) -> bool:
     seconds = model.deadline.left() if model.deadline is not None else SOLVE_SECONDS
     with _quiet_stdout():  # highspy prints a banner on stdout before PuLP can silence it
         status = model.prob.solve(solver(solver_name, mip=not relax, seconds=seconds))
+        if _refused(model):  # this thread's HiGHS scheduler was started with more threads: take its count
+            status = model.prob.solve(solver(solver_name, mip=not relax, seconds=seconds, threads=0))
     return pulp.LpStatus[status] == "Optimal" and model.z.varValue is not None
+
+
+def _refused(model: _Model) -> bool:
+    """Whether HiGHS refused to run at all: it keeps one task scheduler per thread, and a solve in
+    this thread outside the planner may have started it with another thread count than HIGHS_THREADS."""
+    highs = getattr(model.prob, "solverModel", None)
+    if highs is None or not hasattr(highs, "getModelStatus"):  # CBC
+        return False
+    import highspy  # loaded already: PuLP's HiGHS solved this model
+
+    return bool(highs.getModelStatus() == highspy.HighsModelStatus.kNotset)
 
 
 def _proven_gap(model: _Model) -> float:
@@ -189,7 +223,8 @@ def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget
     kw = {"budget": budget, "target": target, "solver_name": solver_name, "deadline": deadline}
     if not any(o.update_seconds for o in cand.engines):
         return solve_async_fixed(cand, objective, top_k=top_k, **kw)  # type: ignore[arg-type]
-    last_round: tuple[Candidates, list[Solution]] | None = None  # when the rate settled: that round's MILP
+    last_round: tuple[Candidates, _Ranking] | None = None  # when the rate settled: that round's MILP
+    ranking: _Ranking | None = None  # one MILP for every round: each round changes its slopes only
     if target is not None:
         # a cost objective buys the least that meets the target: such a plan runs at its period B / target
         period = cand.samples_per_step / target
@@ -199,21 +234,28 @@ def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget
             if deadline is not None and deadline.expired("the interruptible fixed point"):
                 break
             derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
-            top = solve_async_fixed(derated, objective, top_k=1, bound=False, **kw)  # type: ignore[arg-type]
+            if ranking is None:
+                ranking = _Ranking(derated, objective, budget, target, solver_name, deadline)
+            else:
+                ranking.reslope(derated)
+            top = ranking.top(1, math.nan)
             if not top:
                 break
             rate = top[0].samples_per_s
             if abs(rate - last) <= 0.01 * rate:
-                last_round = (derated, top)
+                last_round = (derated, ranking)
                 break
             period, last = cand.samples_per_step / rate, rate
-    if last_round is not None and top_k == 1:  # the same MILP as the last round (seeded, deterministic): its bound
-        derated, top = last_round
-        found = [dataclasses.replace(top[0], lp_bound=lp_bound(derated, objective, budget, target, solver_name,
-                                                               deadline))]
+    if last_round is not None:  # the last round's MILP is the answer's (deterministic): its bound, more answers
+        derated, ranking = last_round
+        found = ranking.top(top_k, lp_bound(derated, objective, budget, target, solver_name, deadline))
     else:
         derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
-        found = solve_async_fixed(derated, objective, top_k=top_k, **kw)  # type: ignore[arg-type]
+        if ranking is not None:  # the rounds' MILP at the period they reached
+            ranking.reslope(derated)
+            found = ranking.top(top_k, lp_bound(derated, objective, budget, target, solver_name, deadline))
+        else:
+            found = solve_async_fixed(derated, objective, top_k=top_k, **kw)  # type: ignore[arg-type]
     base = {id(d): o for d, o in zip(derated.engines, cand.engines, strict=True)}
     return [settled(cand, s, tuple((base[id(o)], n) for o, n in s.engines)) for s in found]
 
@@ -255,25 +297,60 @@ def solve_async_fixed(cand: Candidates, objective: Objective = "throughput", *, 
     """The best `top_k` distinct solutions, each a different trainer option (no-good cuts on y).
 
     `bound=False` skips the LP relaxation (the fixed point's intermediate rounds need no bound)."""
-    trainers, engines = list(range(len(cand.trainers))), list(range(len(cand.engines)))
-    if not trainers or not engines:
+    if not cand.trainers or not cand.engines:
         return []
-    args = (cand, objective, budget, target, trainers, engines)
     bound_value = lp_bound(cand, objective, budget, target, solver_name, deadline) if bound else math.nan
-    model = _build(*args, relax=False, in_flight=cand.in_flight_cap(0.0, 0.0), tail=True)
-    model.deadline = deadline
-    out: list[Solution] = []
-    for i in range(top_k):
-        if i and deadline is not None and deadline.expired("the top-k solutions"):
-            break
-        if not _solve(model, solver_name, relax=False):
-            break
-        k, chosen = _chosen(cand, model)
-        if not chosen:  # z = 0 is always feasible: no engine fits beside any trainer
-            break
-        out.append(_make(cand, cand.trainers[k], chosen, "async", bound_value, _proven_gap(model)))
-        model.prob += model.y[k] <= 0, f"nogood{i}"
-    return out
+    return _Ranking(cand, objective, budget, target, solver_name, deadline).top(top_k, bound_value)
+
+
+class _Ranking:
+    """One async MILP and its best distinct answers so far, each a different trainer option (a
+    no-good cut on y after each): asking for more continues from the last cut, which is what
+    solving the MILP afresh asks again (issue 19: the fixed point's settled round is not re-solved)."""
+
+    def __init__(self, cand: Candidates, objective: Objective, budget: float | None, target: float | None,
+                 solver_name: str, deadline: Deadline | None) -> None:
+        self.cand, self.solver_name, self.deadline = cand, solver_name, deadline
+        self.found: list[Solution] = []
+        self.picked: list[int] = []  # each answer's trainer option, cut off (lazily) before the next solve
+        self.cuts = 0
+        self.ended = not cand.trainers or not cand.engines
+        if not self.ended:
+            self.model = _build(cand, objective, budget, target, list(range(len(cand.trainers))),
+                                list(range(len(cand.engines))), relax=False, in_flight=cand.in_flight_cap(0.0, 0.0),
+                                tail=True)
+            self.model.deadline = deadline
+
+    def top(self, top_k: int, bound_value: float) -> list[Solution]:
+        """The best `top_k` (fewer if the MILP has fewer or the request's bounds stop it), with
+        `bound_value` as their LP bound."""
+        while len(self.found) < top_k and not self.ended:
+            i = len(self.found)
+            if i and self.deadline is not None and self.deadline.expired("the top-k solutions"):
+                break
+            for c in range(self.cuts, i):
+                self.model.prob += self.model.y[self.picked[c]] <= 0, f"nogood{c}"
+            self.cuts = i
+            if not _solve(self.model, self.solver_name, relax=False):
+                self.ended = True
+                break
+            k, chosen = _chosen(self.cand, self.model)
+            if not chosen:  # z = 0 is always feasible: no engine fits beside any trainer
+                self.ended = True
+                break
+            self.found.append(_make(self.cand, self.cand.trainers[k], chosen, "async", math.nan,
+                                    _proven_gap(self.model)))
+            self.picked.append(k)
+        return [dataclasses.replace(s, lp_bound=bound_value) for s in self.found[:top_k]]
+
+    def reslope(self, cand: Candidates) -> None:
+        """This MILP for `cand`, the same options at another period's derating (the fixed point's
+        next round): its answers start again; the rows but one are kept, not built again."""
+        assert self.cuts == 0, "a MILP with no-good cuts is not another round's"
+        self.cand, self.found, self.picked = cand, [], []
+        if hasattr(self, "model"):
+            _reslope(self.model, cand)
+            self.ended = False
 
 
 # ---- on-policy: enumerate, then the MILP for the engines ---------------------------------------

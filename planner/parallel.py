@@ -79,6 +79,7 @@ class SolveJob:
     deadline: Deadline | None = None
     framework: str | None = None
     fleet: tuple[CostModel, Cluster, Workload] | None = None  # (cost model, fleet, job) when `cand` is None
+    inherited: int | None = None  # the id of the worker's inherited cost model, used for `fleet`'s placeholder
 
 
 def solve_job(job: SolveJob) -> tuple[list[Solution], str | None]:
@@ -92,7 +93,9 @@ def _solve_here(job: SolveJob) -> tuple[list[Solution], str | None]:
     cand = job.cand
     if cand is None:
         assert job.fleet is not None, "a SolveJob names its candidates or its fleet"
-        cand = candidates(*job.fleet)
+        cm, cluster, workload = job.fleet
+        # the inherited cost model: no tables pickled, and its engine curves known (planner.memo)
+        cand = candidates(cm if job.inherited is None else _INHERITED[job.inherited], cluster, workload)
     fn = solver_for(job.framework) if job.framework else solve
     found = fn(cand, job.mode, job.objective, job.budget, job.target, job.top_k, job.solver, deadline=job.deadline)
     return found, job.deadline.hit if job.deadline is not None else None
@@ -118,7 +121,7 @@ def _ready() -> None:
 
 
 @functools.cache
-def _light() -> CostModel:
+def light_cost_model() -> CostModel:
     """A placeholder cost model, small to pickle (a job's own is the worker's inherited one)."""
     return CostModel.roofline_only()
 
@@ -141,7 +144,8 @@ class Simulations:
             return [run_job(j) for j in jobs]
         pool = self._executor()
         futures: list[Future[SimResult | SpecError]] = [
-            pool.submit(_run_inherited, id(j.cm), dataclasses.replace(j, cm=_light())) if j.cm is self._inherit
+            pool.submit(_run_inherited, id(j.cm), dataclasses.replace(j, cm=light_cost_model()))
+            if j.cm is self._inherit
             else pool.submit(run_job, j) for j in jobs]
         return [f.result() for f in futures]
 
@@ -154,6 +158,10 @@ class Simulations:
         if cm is not None:
             _INHERITED[id(cm)] = self._inherit = cm
         self._executor().submit(_ready).result()
+
+    def inherited(self, cm: CostModel) -> int | None:
+        """The id a job may name `cm` by, if this pool's workers inherited it (`start`)."""
+        return id(cm) if self.workers > 1 and cm is self._inherit else None
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         """`fn(*args)` in a worker (in this process, done, when workers is 1). The call is pickled

@@ -80,19 +80,22 @@ def refine_trainer(search: Search, ranked: tuple[Scored, ...], rounds: int) -> t
         sizes = sorted(o.nodes for o in cand.trainers if o.pool == t.pool)
         i = sizes.index(t.nodes)
         near = set(sizes[max(0, i - 1):i + 2]) - {t.nodes}  # the next smaller and larger sizes
-        for option in cand.trainers:
-            if option.pool != t.pool or option.nodes not in near or (id(cand), option.pool, option.nodes) in seen:
-                continue
-            seen.add((id(cand), option.pool, option.nodes))
-            found = search.solve(dataclasses.replace(cand, trainers=(option,)), best.solution.mode)
-            scored = search.score(f"refined-{len(out) - len(ranked) + 1}", cand, found[0],
-                                  where="the trainer refinement") if found else None
-            if found and scored is None:  # the request's bounds: keep what was found
+        options = [o for o in cand.trainers
+                   if o.pool == t.pool and o.nodes in near and (id(cand), o.pool, o.nodes) not in seen]
+        seen.update((id(cand), o.pool, o.nodes) for o in options)
+        # a round's neighbours depend on its start alone: solved, then simulated, side by side
+        answers = search.solve_many([(dataclasses.replace(cand, trainers=(o,)), best.solution.mode, 1, {})
+                                     for o in options])
+        found = [a[0] for a in answers if a]
+        first = len(out) - len(ranked) + 1
+        every = search.score_many([Trial(f"refined-{first + j}", cand, sol) for j, sol in enumerate(found)],
+                                  where="the trainer refinement")
+        for scored in every:
+            if scored is None:  # the request's bounds: keep what was found
                 return tuple(out)
-            if scored is not None:
-                out.append(scored)
-                if search.pick((best, scored)) is scored:
-                    best, moved = scored, True
+            out.append(scored)
+            if search.pick((best, scored)) is scored:
+                best, moved = scored, True
         if not moved:
             break
     return tuple(out)

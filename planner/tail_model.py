@@ -8,7 +8,7 @@ length-biased and part-way through (renewal theory: a held sample's residual len
 drawn with probability proportional to its length, U uniform; E[R] = E[o^2] / (2 E[o])). The
 drain runs decode positions k = 0 .. E[max of n R] with the n S_R(k) samples still running
 (S_R: the residuals' survival), each iteration priced by the cost model at that batch, as
-planner.drains.drain_rates prices a one-shot batch:
+planner.drain.drain_rates prices a one-shot batch:
 
     D(n) = sum_k t(n S_R(k)),    loss(n) = max(D(n), sync) - E[R] t(n)
 
@@ -67,7 +67,7 @@ def drain_loss_seconds(residuals: np.ndarray, points: np.ndarray, iteration: Ite
 @dataclass(frozen=True)
 class DrainCurve:
     """One engine handed n samples at once: D(n), the seconds until its last one finishes (its
-    prefill, then a batch that thins as samples finish: planner.drains.drain_rates), the
+    prefill, then a batch that thins as samples finish: planner.drain.drain_rates), the
     router's key (one decode iteration of n mean-length samples: sim.simulate's mean_iteration_s),
     the response lengths' quantiles at LENGTH_PROBS, and one decode iteration alone (seconds)."""
 

@@ -1,7 +1,10 @@
-"""An engine handed a batch at once: how long it takes to drain it (one-shot batches thin out as
-samples finish), what draining costs a non-interruptible engine at each update, and the expected
-longest of a cohort. The on-policy engine curves (planner.candidates) and the version race
-(planner.tail_model.race, through planner.rate_model.raced) are priced by them."""
+"""Drain curves: what an engine does with a batch it is handed at once.
+
+A one-shot batch thins out as its samples finish (`drain_rates`); an engine that is not
+interruptible loses that time per step, draining before each update (`drain_update_seconds`,
+planner.tail_model); the race for each version's samples is priced from the drain curves
+(`LazyDrain`, planner.rate_model.raced), and so is the expected longest of a cohort.
+"""
 
 from __future__ import annotations
 

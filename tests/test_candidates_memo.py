@@ -1,0 +1,56 @@
+"""Engine curves computed once per cost model (planner.memo, issue 19): a fleet's options are the
+ones a fresh cost model gives it, whatever fleets of the same GPU types came first; only the
+fleet's own weight-sync time is priced again."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+
+import pytest
+
+from planner import memo
+from planner.candidates import EngineOption, candidates
+from traces import Cluster, CostModel, Workload, get_model
+from traces.lengths import LengthDist
+
+
+def _workload(interruptible: bool, mode: str = "async") -> Workload:
+    return Workload(name="memo", model=get_model("qwen2.5-1.5b"), prompts_per_step=16, group_size=8,
+                    prompt_len=LengthDist(kind="uniform", low=64, high=256),
+                    response_len=LengthDist(kind="lognormal", mean=600, sigma=0.8, cap=2048),
+                    staleness=2 if mode == "async" else 0, interruptible=interruptible, mode=mode)
+
+
+def _fleet(h800_nodes: int) -> Cluster:
+    return Cluster(name=f"memo-{h800_nodes}", node_groups=({"gpu_type": "H800", "nodes": h800_nodes},
+                                                           {"gpu_type": "H20", "nodes": 1}))
+
+
+def _fields(o: EngineOption) -> tuple[object, ...]:
+    """Every field but the drain source, which is compared by identity (its curve by value)."""
+    plain = tuple(getattr(o, f.name) for f in dataclasses.fields(o) if f.name != "drain_source")
+    return (*plain, o.drain)
+
+
+@pytest.mark.parametrize(("interruptible", "mode"), [(True, "async"), (False, "async"), (False, "sync")])
+def test_a_fleet_after_others_gets_the_options_a_fresh_cost_model_gives(interruptible: bool, mode: str) -> None:
+    workload = _workload(interruptible, mode)
+    shared = CostModel.roofline_only()
+    first = candidates(shared, _fleet(1), workload)
+    later = candidates(shared, _fleet(3), workload)  # more GPUs: a longer weight sync than the first fleet's
+    fresh = candidates(CostModel.roofline_only(), _fleet(3), workload)
+    assert later.sync_seconds != first.sync_seconds
+    assert [_fields(o) for o in later.engines] == [_fields(o) for o in fresh.engines]
+    if interruptible:  # the update pause is this fleet's: its weight sync, then the re-prefill
+        assert [o.update_seconds for o in later.engines] != [o.update_seconds for o in first.engines]
+
+
+def test_the_memo_is_dropped_with_its_cost_model() -> None:
+    cm = CostModel.roofline_only()
+    assert memo.once(cm, "k", lambda: 1) == 1
+    assert memo.once(cm, "k", lambda: 2) == 1  # computed once
+    ident = id(cm)
+    del cm
+    gc.collect()
+    assert ident not in memo._MEMOS
