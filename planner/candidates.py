@@ -222,6 +222,7 @@ class _Curve:
     widths: np.ndarray
     slopes: np.ndarray
     longest: float
+    context: float  # mean context of a held sample (the drain loss's, the re-prefill's)
     reprefill: np.ndarray | None  # interruptible: seconds to re-prefill what it holds, at each point
     curve: LazyDrain | None
     keys: tuple[float, ...]
@@ -269,7 +270,7 @@ def _engine_curve(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, ep: 
         curve = LazyDrain(cm, gpu, workload, tp, ep, points, draws)  # planner.rate_model.raced
     longest = (agentic_rate.longest_episode_seconds(cm, gpu, workload, tp, ep) if episodes
                else _longest_sample_seconds(cm, gpu, workload, tp, ep))
-    return _Curve(tp, ep, full, points, widths, slopes, longest, reprefill, curve, keys)
+    return _Curve(tp, ep, full, points, widths, slopes, longest, context, reprefill, curve, keys)
 
 
 def _priced(cm: CostModel, pool: Pool, workload: Workload, c: _Curve, sync_seconds: float) -> EngineOption:
@@ -278,11 +279,8 @@ def _priced(cm: CostModel, pool: Pool, workload: Workload, c: _Curve, sync_secon
     if c.reprefill is not None:
         update = tuple((sync_seconds + c.reprefill).tolist())
     elif workload.mode == "async":
-        context = (agentic_rate.decode_context(workload) if workload.agentic is not None else
-                   workload.prompt_len.expected() + workload.response_len.expected_square()
-                   / (2 * workload.response_len.expected()))
         update = drain_update_seconds(cm, pool.gpu, workload, c.tp, c.ep, c.points,
-                                      _residuals(workload), context, sync_seconds)
+                                      _residuals(workload), c.context, sync_seconds)
     segments = tuple(zip(c.widths.tolist(), c.slopes.tolist(), strict=True))
     return EngineOption(pool.index, c.tp, float((c.widths * c.slopes).sum()), c.full,
                         c.tp * pool.gpu.price_per_gpu_hour, segments, c.longest, update, c.ep, c.curve, c.keys)

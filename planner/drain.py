@@ -13,6 +13,7 @@ import functools
 import numpy as np
 
 from planner.tail_model import LENGTH_PROBS, DrainCurve, drain_loss_seconds
+from planner.tail_model import longest_of as expected_longest_of
 from traces import CostModel, GpuType, Workload
 from traces.lengths import LengthDist
 
@@ -76,8 +77,8 @@ def drain_rates(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, points
     batch thins out and ends on its longest sample alone."""
     prompt = workload.prompt_len.expected()
     n = points.astype(float)[:, None]
-    if longest_of:  # E[max of n] of seeded cohorts (DrainCurve.longest_of)
-        longest = np.interp(np.log2(n[:, 0]), np.arange(len(longest_of)), longest_of)[:, None]
+    if longest_of:  # E[max of n] of seeded cohorts (planner.tail_model.longest_of)
+        longest = expected_longest_of(longest_of, n[:, 0])[:, None]
     else:  # E[max of n] ~ the n/(n+1) quantile
         longest = np.quantile(draws, n[:, 0] / (n[:, 0] + 1))[:, None]
     k = longest * np.linspace(0.0, 1.0, 65)[None, :]

@@ -314,17 +314,18 @@ class _Ranking:
         self.found: list[Solution] = []
         self.picked: list[int] = []  # each answer's trainer option, cut off (lazily) before the next solve
         self.cuts = 0
-        self.ended = not cand.trainers or not cand.engines
-        if not self.ended:
+        self.model: _Model | None = None  # none: no trainer or no engine option, nothing to rank
+        if cand.trainers and cand.engines:
             self.model = _build(cand, objective, budget, target, list(range(len(cand.trainers))),
                                 list(range(len(cand.engines))), relax=False, in_flight=cand.in_flight_cap(0.0, 0.0),
                                 tail=True)
             self.model.deadline = deadline
+        self.ended = self.model is None
 
     def top(self, top_k: int, bound_value: float) -> list[Solution]:
         """The best `top_k` (fewer if the MILP has fewer or the request's bounds stop it), with
         `bound_value` as their LP bound."""
-        while len(self.found) < top_k and not self.ended:
+        while len(self.found) < top_k and not self.ended and self.model is not None:
             i = len(self.found)
             if i and self.deadline is not None and self.deadline.expired("the top-k solutions"):
                 break
@@ -348,7 +349,7 @@ class _Ranking:
         next round): its answers start again; the rows but one are kept, not built again."""
         assert self.cuts == 0, "a MILP with no-good cuts is not another round's"
         self.cand, self.found, self.picked = cand, [], []
-        if hasattr(self, "model"):
+        if self.model is not None:
             _reslope(self.model, cand)
             self.ended = False
 

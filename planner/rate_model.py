@@ -94,8 +94,8 @@ def raced(cand: Candidates, sol: Solution) -> Solution:
     where they do not apply (colocated plans, multi-turn episodes, dynamic sampling)."""
     if sol.mode == "async" and cand.interruptible:
         # one that holds nothing when the weights are published is never interrupted: it runs the race
-        race = _race(cand, sol.trainer, sol.engines, sol.mode)
-        priced = race.samples_per_s if not race.held_at_publish else _routed(cand, sol.trainer, sol.engines)
+        outcome = _race(cand, sol.trainer, sol.engines, sol.mode)
+        priced = outcome.samples_per_s if not outcome.held_at_publish else _routed(cand, sol.trainer, sol.engines)
     elif sol.mode in ("async", "sync"):
         priced = _race(cand, sol.trainer, sol.engines, sol.mode).samples_per_s
     else:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from traces.records import period, steady_state, warm_steps
+from traces.routing import Router
 from traces.staleness import admission_cap, lag_bound
 
 RESIDUAL_DRAWS = 1 << 14  # seeded residual lengths per workload
@@ -81,17 +82,18 @@ class DrainCurve:
     def drain(self, n: float) -> float:
         return float(np.interp(n, (0.0, *self.points), (0.0, *self.seconds)))
 
-    def slots_below(self, key: float) -> float:
-        """Slots whose key is at most `key` (the keys rise with load)."""
-        return float(np.interp(key, (0.0, *self.keys), (0.0, *self.points)))
-
     def longest_of(self, n: float) -> float:
         """The expected longest of n responses: E[max], above the n/(n+1) quantile for a long tail."""
-        return float(np.interp(math.log2(max(n, 1.0)), np.arange(len(self.longest)), self.longest))
+        return float(longest_of(self.longest, n))
 
     def length(self, p: np.ndarray | float) -> np.ndarray:
         """The response length at probability p (the drawn lengths' quantile)."""
         return np.interp(p, LENGTH_PROBS, self.quantiles)
+
+
+def longest_of(longest: Sequence[float], n: np.ndarray | float) -> np.ndarray:
+    """The expected longest of n responses from `longest` ([k]: that of 2^k), log-interpolated."""
+    return np.interp(np.log2(np.maximum(n, 1.0)), np.arange(len(longest)), longest)
 
 
 # probabilities the lengths' quantiles are kept at: evenly, and into the tail (the longest of n ~ n/(n+1))
@@ -140,7 +142,7 @@ def race(engines: Sequence[tuple[DrainCurve, int, int]], batch: int, eta: float,
     if len(kind) > RACE_MAX_ENGINES or not len(kind):
         return Race(math.nan, True)
     curves = [c for c, _, _ in engines]
-    caps = np.array([float(m) for _, m, _ in engines])
+    router = _router(engines, kind)
     lag = lag_bound(eta)
     steps = period(eta) * (1 + RACE_PERIODS)
     publish_after = max(0.0, step_seconds - sync_seconds)
@@ -161,7 +163,10 @@ def race(engines: Sequence[tuple[DrainCurve, int, int]], batch: int, eta: float,
             if left < 0.5 or at >= start + publish_after:  # published v + 1 first: nobody accepts v any more
                 break
             group = np.flatnonzero(free <= weights_in) if at == weights_in else np.array([int(ready.argmin())])
-            share = _water_fill(left, curves, caps, kind[group])
+            accepting = np.zeros(len(kind), bool)
+            accepting[group] = True
+            share = np.bincount(router.route(round(left), accepting, np.zeros(len(kind), np.int64)),
+                                minlength=len(kind))[group].astype(float)
             routed = float(share.sum())
             if routed <= 0:
                 break
@@ -224,26 +229,11 @@ def _step_start(done: list[tuple[float, float]], last: dict[int, float], step: i
     return math.inf
 
 
-def _water_fill(n: float, curves: list[DrainCurve], caps: np.ndarray, kinds: np.ndarray) -> np.ndarray:
-    """Whole samples per engine (of kinds `kinds`, all empty) when round(n) are routed one by one to
-    the least key with one more (traces.routing), up to each one's max batch: the round(n) least of
-    every engine's keys key(1), key(2), ... (ties to the lower kind), a kind's share dealt round
-    the engines of that kind. Whole samples matter: 14 samples spread as 0.9 over 16 slow engines
-    would keep all 16 draining, where the router gives them none and they are idle for the next
-    version (bench/analytic_vs_sim.py seed 0 #47)."""
-    kk, count = np.unique(kinds, return_counts=True)
-    want = round(n)
-    levels = [np.arange(1, int(min(caps[k], want)) + 1, dtype=float) for k in kk]
-    keys = np.concatenate([np.interp(m, curves[k].points, curves[k].keys) for k, m in zip(kk, levels, strict=True)])
-    owner = np.concatenate([np.full(len(m), i) for i, m in enumerate(levels)])
-    order = np.lexsort((owner, keys))  # a level of a kind places one sample on each of its engines
-    placed = np.cumsum(count[owner[order]])
-    whole = placed <= want
-    total = np.bincount(owner[order][whole], weights=count[owner[order][whole]], minlength=len(kk))
-    if not whole.all():  # the next level, part-filled
-        total[owner[order][~whole][0]] += want - total.sum()
-    out = np.zeros(len(kinds))
-    for i, k in enumerate(kk):
-        at = np.flatnonzero(kinds == k)
-        out[at] = total[i] // count[i] + (np.arange(len(at)) < total[i] % count[i])
-    return out
+def _router(engines: Sequence[tuple[DrainCurve, int, int]], kind: np.ndarray) -> Router:
+    """The simulator's router (traces.routing) over the race's engines: whole samples, each to the
+    accepting engine whose next iteration is shortest with one more, its key at b samples the
+    curve's (interpolated between its load points). Whole samples matter: 14 samples spread as 0.9
+    over 16 slow engines would keep all 16 draining, where the router gives them none and they are
+    idle for the next version (bench/analytic_vs_sim.py seed 0 #47)."""
+    tables = [np.r_[0.0, np.interp(np.arange(1, m + 1), c.points, c.keys)].tolist() for c, m, _ in engines]
+    return Router([tables[k] for k in kind.tolist()], [engines[k][1] for k in kind.tolist()])
