@@ -71,8 +71,8 @@ def random_case(rng: random.Random) -> tuple[Cluster, Workload]:
     return Cluster(name="random", node_groups=groups), w
 
 
-def ratio(cm: CostModel, cluster: Cluster, w: Workload, steps: int | None, settled: bool = False
-          ) -> tuple[float, float, str, str] | None:
+def ratio(cm: CostModel, cluster: Cluster, w: Workload, steps: int | None, settled: bool = False,
+          sim_seeds: int = 0) -> tuple[float, float, str, str] | None:
     cand = candidates(cm, cluster, w)
     found = solve(cand, w.mode, "throughput", None, None, 1, "auto")
     if not found:
@@ -80,11 +80,16 @@ def ratio(cm: CostModel, cluster: Cluster, w: Workload, steps: int | None, settl
     plan = to_plan(cluster, w, cand, found[0])
     sol = raced(cand, reprice_sync(cm, cluster, w, cand, found[0], plan))
     eta = w.staleness if w.mode == "async" else 0
-    n = steps or (settle_cap(eta) if settled else recommended_steps(eta))
-    r = simulate(cluster, w, plan, cm, steps=n, seed=0, record_queue=False, until_settled=settled)
+    n = steps or (settle_cap(eta) if settled or sim_seeds else recommended_steps(eta))
+    if sim_seeds:  # the mean steady rate of whole capped runs: one run can settle in a passing regime
+        simulated = statistics.mean(simulate(cluster, w, plan, cm, steps=n, seed=k, record_queue=False).samples_per_s
+                                    for k in range(sim_seeds))
+    else:
+        simulated = simulate(cluster, w, plan, cm, steps=n, seed=0, record_queue=False,
+                             until_settled=settled).samples_per_s
     mix = " ".join(f"{g.instances}x{g.gpu_type}-tp{g.tp}" for g in plan.rollout)
     placed = f"trainer {len(plan.trainer.nodes)} {plan.trainer.gpu_type} node(s); engines {mix}"
-    return sol.samples_per_s, r.samples_per_s, sol.bottleneck, placed
+    return sol.samples_per_s, simulated, sol.bottleneck, placed
 
 
 ROW = re.compile(r"^\s*(\d+) .*? (\d+\.\d\d)\s+(\d+\.\d\d)\s+\d+\.\d\d [a-z]")  # a fleet's row, as printed
@@ -135,7 +140,7 @@ def fleets(cm: CostModel, seed: int, args: argparse.Namespace, show: bool
     rows: list[tuple[float, str, str, str]] = []
     for i in range(args.fleets):
         cluster, w = random_case(rng)
-        got = ratio(cm, cluster, w, args.steps, args.settled)
+        got = ratio(cm, cluster, w, args.steps, args.settled, args.sim_seeds)
         if got is None:
             continue
         analytic, simulated, bottleneck, placed = got
@@ -162,6 +167,8 @@ def main() -> None:
     ap.add_argument("--worst", type=int, default=8, help="print this many worst fleets with their plans")
     ap.add_argument("--compare", metavar="REV", help="also run the bench at this git revision, side by side")
     ap.add_argument("--settled", action="store_true", help="simulate until the steady rate settles")
+    ap.add_argument("--sim-seeds", type=int, default=0, metavar="K",
+                    help="simulate each plan with seeds 0 .. K-1 for the whole settling cap and take the mean rate")
     ap.add_argument("--more-seeds", type=int, default=0, metavar="K",
                     help="also summarise seeds seed+1 .. seed+K (50 more fleets each), and all of them pooled")
     args = ap.parse_args()

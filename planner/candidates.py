@@ -32,6 +32,7 @@ from planner.memo import once
 from planner.tail_model import DrainCurve, residual_lengths
 from traces import Cluster, CostModel, GpuType, ModelSpec, Workload
 from traces.costmodel.rl import trainer_fits, trainer_step_seconds
+from traces.plan import engine_seqs
 from traces.plan_check import ep_shards, tp_shards
 from traces.staleness import admission_cap
 
@@ -267,7 +268,8 @@ def _engine_curve(cm: CostModel, gpu: GpuType, workload: Workload, tp: int, ep: 
         if not episodes:  # priced at its routed load (planner.rate_model.raced)
             keys = tuple(np.asarray(cm.decode(gpu, model, tp, held, key_context, ep).seconds, float).tolist())
     if workload.mode != "colocated" and not episodes and workload.dynamic_sampling is None:
-        curve = LazyDrain(cm, gpu, workload, tp, ep, points, draws)  # planner.rate_model.raced
+        seqs = engine_seqs(None, ep, cm.efficiency.max_num_seqs)  # what the plan's engine accepts (to_plan sets none)
+        curve = LazyDrain(cm, gpu, workload, tp, ep, points, draws, full, max(seqs, full))  # planner.rate_model.raced
     longest = (agentic_rate.longest_episode_seconds(cm, gpu, workload, tp, ep) if episodes
                else _longest_sample_seconds(cm, gpu, workload, tp, ep))
     return _Curve(tp, ep, full, points, widths, slopes, longest, context, reprefill, curve, keys)

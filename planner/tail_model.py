@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -68,9 +68,11 @@ def drain_loss_seconds(residuals: np.ndarray, points: np.ndarray, iteration: Ite
 @dataclass(frozen=True)
 class DrainCurve:
     """One engine handed n samples at once: D(n), the seconds until its last one finishes (its
-    prefill, then a batch that thins as samples finish: planner.drain.drain_rates), the
+    prefill, then a batch that thins as samples finish: planner.drain.drain_seconds), the
     router's key (one decode iteration of n mean-length samples: sim.simulate's mean_iteration_s),
-    the response lengths' quantiles at LENGTH_PROBS, and one decode iteration alone (seconds)."""
+    the response lengths' quantiles at LENGTH_PROBS, one decode iteration alone (seconds), the expected
+    longest of 2^k responses, and [i, j] the share of D(points[i]) spent until position j / (POSITIONS - 1)
+    of that longest (None: in proportion to the length)."""
 
     points: tuple[float, ...]
     seconds: tuple[float, ...]
@@ -78,9 +80,16 @@ class DrainCurve:
     quantiles: tuple[float, ...] = ()
     alone_seconds: float = 0.0
     longest: tuple[float, ...] = ()  # [k]: the expected longest of 2^k responses (seeded cohorts)
+    running: float = math.inf  # samples the KV cache runs at once; more wait in the engine's queue
+    elapsed: np.ndarray | None = field(default=None, compare=False, repr=False)  # a function of the fields above
 
     def drain(self, n: float) -> float:
         return float(np.interp(n, (0.0, *self.points), (0.0, *self.seconds)))
+
+    @property
+    def accepts(self) -> int:
+        """The most samples the engine takes: the curve runs to them (planner.drain.LazyDrain)."""
+        return int(self.points[-1])
 
     def longest_of(self, n: float) -> float:
         """The expected longest of n responses: E[max], above the n/(n+1) quantile for a long tail."""
@@ -90,6 +99,35 @@ class DrainCurve:
         """The response length at probability p (the drawn lengths' quantile)."""
         return np.interp(p, LENGTH_PROBS, self.quantiles)
 
+    def until(self, n: float, lengths: np.ndarray | float) -> np.ndarray:
+        """Seconds from handing an engine n samples at once until one of these lengths finishes: along
+        the drain D(n) up to the expected longest of n (the full batch's slow iterations first), alone
+        past it; with more than it runs at once, after the queue (D(n) - D(running)), in the last drain."""
+        if n > self.running:
+            return self.drain(n) - self.drain(self.running) + self.until(self.running, lengths)
+        own, total = max(self.longest_of(n), 1.0), self.drain(n)
+        x = np.asarray(lengths, float) / own
+        if self.elapsed is None:
+            share = np.minimum(x, 1.0)
+        else:
+            at = np.interp(n, self.points, np.arange(len(self.points)))
+            i = min(int(at), len(self.points) - 2) if len(self.points) > 1 else 0
+            f = at - i
+            row = self.elapsed[i] * (1 - f) + self.elapsed[min(i + 1, len(self.points) - 1)] * f
+            share = np.interp(np.minimum(x, 1.0), np.linspace(0.0, 1.0, len(row)), row)
+        return total * share + np.maximum(0.0, x - 1.0) * own * self.alone_seconds
+
+
+    def completions(self, n: float, ranks: np.ndarray) -> np.ndarray:
+        """Seconds from handing an engine n samples at once until its samples at these ranks (0-1) of
+        finishing order finish: the j-th of n at length q(j / (n + 1)) along the drain; with a queue,
+        its (n - running) / n first evenly over the queue's time (a steady stream), the rest in the last drain."""
+        if n <= self.running:
+            return self.until(n, self.length(ranks * n / (n + 1)))
+        queue, first = self.drain(n) - self.drain(self.running), (n - self.running) / n
+        last = self.until(self.running, self.length((ranks - first) / (1 - first) * self.running / (self.running + 1)))
+        return np.where(ranks < first, queue * ranks / first, queue + last)
+
 
 def longest_of(longest: Sequence[float], n: np.ndarray | float) -> np.ndarray:
     """The expected longest of n responses from `longest` ([k]: that of 2^k), log-interpolated."""
@@ -97,9 +135,10 @@ def longest_of(longest: Sequence[float], n: np.ndarray | float) -> np.ndarray:
 
 
 # probabilities the lengths' quantiles are kept at: evenly, and into the tail (the longest of n ~ n/(n+1))
-LENGTH_PROBS = np.unique(np.r_[np.linspace(0.0, 1.0, 129), 1.0 - 2.0 ** -np.arange(1, 13)])
+LENGTH_PROBS = np.unique(np.r_[np.linspace(0.0, 1.0, 129), 1.0 - 2.0 ** -np.arange(1, 18)])
 CHUNKS = 8  # a batch's completions, in this many equal parts, at their quantiles
-RACE_PERIODS = 6  # whole periods after the warm-up over which the race's steady rate is taken
+RACE_PERIODS = 6  # whole periods after the warm-up over which a trajectory's steady rate is taken
+RACE_DRAWS = 4  # seeded trajectories the race's rate is the mean of
 RACE_MAX_ENGINES = 512  # beyond this the per-engine race is not run (the slope model stands)
 
 
@@ -117,30 +156,41 @@ class Race:
 def race(engines: Sequence[tuple[DrainCurve, int, int]], batch: int, eta: float, step_seconds: float,
          sync_seconds: float) -> Race:
     """Samples/s of engines that are not interruptible (curve, max batch, count each) under the
-    simulator's admission and routing rules, stepped version by version (nan if too many engines).
+    simulator's admission and routing rules, stepped version by version (nan if too many engines):
+    the mean over RACE_DRAWS seeded trajectories (`_trajectory`). One trajectory is one draw of a
+    chaotic race: which engine drains first decides who takes the next version, and a slow engine
+    that takes a whole version holds the steps behind it for its longest sample (bench/analytic_vs_sim.py
+    seed 1 #47: seeded simulations run at 29-33 samples/s, one settled run at 58 in a passing regime)."""
+    count = sum(n for _, _, n in engines)
+    if count > RACE_MAX_ENGINES or not count:
+        return Race(math.nan, True)
+    runs = [_trajectory(engines, batch, eta, step_seconds, sync_seconds, seed) for seed in range(RACE_DRAWS)]
+    return Race(float(np.mean([r.samples_per_s for r in runs])), any(r.held_at_publish for r in runs))
+
+
+def _trajectory(engines: Sequence[tuple[DrainCurve, int, int]], batch: int, eta: float, step_seconds: float,
+                sync_seconds: float, seed: int) -> Race:
+    """One seeded trajectory of the race.
 
     The rules (sim.controller, sim.engine, traces.staleness, traces.routing): version v's allowance
     (admission_cap: (eta + v + 1) B ever admitted) is only routed to engines that accept, i.e. hold
     weights v with no update pending. A trainer step publishes v + 1 and every engine gets a pending
     update; a non-interruptible one takes it only once its batch has drained, so it accepts again at
     max(its drain end, the weights in). Engines idle when the weights come in load them together and
-    the router water-fills them on its key, whole samples; one still draining when they come in accepts alone, at
-    its own drain end, and takes all the allowance left up to its max batch (the first to drain
-    takes a whole cohort while the others idle: with fixed lengths the drains end within ms of each
-    other, so one engine wins each such race). No sample is admitted between versions, so every
-    engine runs one-shot batches, each taking D(n) (to the expected longest of n) scaled to the
-    longest it drew (m engines handed n each drew the p = (j + 0.5) / m quantiles of a max of n: the
-    first drains early); its samples finish at their lengths' quantiles along it (a batch's j-th of
-    n at length q(j / (n + 1)), time in proportion), and the longest of a version's N, drawn (seeded)
-    with the batch it lands in (_version_end), runs on alone past its own batch's longest. Step s
-    starts once the trainer is free, (s + 1) B samples have finished and every sample admitted at
-    versions <= s - ceil(eta) has (traces.staleness); it publishes after step_seconds - sync_seconds, the weights are in
-    step_seconds after it starts. The rate is traces.records.steady_state's over warm-up +
-    RACE_PERIODS periods; `held_at_publish`: some engine of the steady steps had not drained by a publish.
+    the router water-fills them on its key, whole samples; one still draining when they come in
+    accepts alone, at its own drain end, and takes all the allowance left up to its max batch. No
+    sample is admitted between versions, so every engine runs one-shot batches: a batch of n ends on
+    its longest sample, drawn (seeded: its quantile u^(1/n), the max of n has CDF F^n), at
+    DrainCurve.until (the drain to the expected longest of n, alone past it); the engine is busy until
+    then, and its samples finish at their lengths' quantiles along the same drain (a batch's j-th of n
+    at length q(j / (n + 1)), in CHUNKS parts). A version ends with its last batch. Step s starts
+    once the trainer is free, (s + 1) B samples have finished and every sample admitted at versions
+    <= s - ceil(eta) has (traces.staleness); it publishes after step_seconds - sync_seconds, the
+    weights are in step_seconds after it starts. The rate is traces.records.steady_state's over
+    warm-up + RACE_PERIODS periods; `held_at_publish`: some engine of the steady steps had not drained
+    by a publish.
     """
     kind = np.repeat(np.arange(len(engines)), [n for _, _, n in engines])
-    if len(kind) > RACE_MAX_ENGINES or not len(kind):
-        return Race(math.nan, True)
     curves = [c for c, _, _ in engines]
     router = _router(engines, kind)
     lag = lag_bound(eta)
@@ -151,10 +201,9 @@ def race(engines: Sequence[tuple[DrainCurve, int, int]], batch: int, eta: float,
     last: dict[int, float] = {}  # version admitted at -> when its last sample finishes
     dispatched, weights_in, step_ends = 0.0, 0.0, []
     warm, held = warm_steps(eta, steps), False
-    rng = np.random.default_rng(0)  # each version's longest sample, and the batch it lands in
+    rng = np.random.default_rng(seed)  # each batch's longest sample
+    ranks = (np.arange(CHUNKS) + 0.5) / CHUNKS
     for s in range(steps):
-        pieces: list[tuple[float, float, float, DrainCurve]] = []  # (samples, drain end, own longest) per batch
-        u, pick = rng.random(2)
         while True:
             start = _step_start(done, last, s, lag, batch, weights_in)
             left = admission_cap(eta, s, batch) - dispatched
@@ -170,19 +219,16 @@ def race(engines: Sequence[tuple[DrainCurve, int, int]], batch: int, eta: float,
             routed = float(share.sum())
             if routed <= 0:
                 break
-            for e, n, p in zip(group.tolist(), share.tolist(), _ranks(kind[group]).tolist(), strict=True):
+            for e, n in zip(group.tolist(), share.tolist(), strict=True):
                 free[e] = at
                 if n <= 0:
                     continue
                 c = curves[kind[e]]
-                own = c.longest_of(n)  # the longest D(n) drains to
-                drawn = float(c.length(p ** (1 / n)))  # this engine's longest: the p-quantile of a max of n
-                free[e] = at + c.drain(n) * drawn / max(own, 1.0)
-                ranks = (np.arange(CHUNKS) + 0.5) / CHUNKS * n / (n + 1)
-                done.extend(zip((at + c.drain(n) * c.length(ranks) / max(own, 1.0)).tolist(), [n / CHUNKS] * CHUNKS,
-                                strict=True))
-                pieces.append((n, float(free[e]), drawn, c))
-            last[s] = _version_end(pieces, u, pick)
+                end = at + float(c.until(n, c.length(rng.random() ** (1 / n))))
+                finish = np.minimum(at + c.completions(n, ranks), end)
+                done.extend(zip(finish.tolist(), [n / CHUNKS] * CHUNKS, strict=True))
+                free[e] = end
+                last[s] = max(last.get(s, 0.0), end)
             dispatched += routed
         if not math.isfinite(start):
             return Race(0.0, held)
@@ -191,29 +237,6 @@ def race(engines: Sequence[tuple[DrainCurve, int, int]], batch: int, eta: float,
         weights_in = start + step_seconds
     samples, seconds = steady_state(step_ends, [batch] * len(step_ends), eta)
     return Race(samples / seconds if seconds > 0 else 0.0, held)
-
-
-def _ranks(kinds: np.ndarray) -> np.ndarray:
-    """Per engine, (j + 0.5) / m: its rank j among the m engines of its kind routed together, which
-    drew the same count but not the same lengths: their drains end in turn, not at once."""
-    out = np.empty(len(kinds))
-    for k in np.unique(kinds):
-        at = np.flatnonzero(kinds == k)
-        out[at] = (np.arange(len(at)) + 0.5) / len(at)
-    return out
-
-
-def _version_end(pieces: list[tuple[float, float, float, DrainCurve]], u: float, pick: float) -> float:
-    """When the last sample of one version's batches (samples, drain end, its own expected longest,
-    curve) finishes: the longest of all N of them, drawn (its quantile u^(1/N): the max of N has CDF
-    F^N), lands in a batch drawn by share (`pick`) and runs alone past that batch's own longest; never
-    before the last batch drains. Drawn, not its expected value: a step waits for the later of its
-    trainer and a version's tail, so the tails' spread slows the steady state (E[max] > max of E)."""
-    total = sum(n for n, _, _, _ in pieces)
-    j = min(int(np.searchsorted(np.cumsum([n for n, _, _, _ in pieces]) / total, pick)), len(pieces) - 1)
-    _, end, own, c = pieces[j]
-    q = float(c.length(u ** (1 / total)))
-    return max(end + max(0.0, q - own) * c.alone_seconds, max(e for _, e, _, _ in pieces))
 
 
 def _step_start(done: list[tuple[float, float]], last: dict[int, float], step: int, lag: int, batch: int,

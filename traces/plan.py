@@ -25,6 +25,13 @@ def _canonical_gpu(value: Any) -> Any:
     return canonical_gpu_name(value) if isinstance(value, str) else value
 
 
+def engine_seqs(max_num_seqs: int | None, ep: int, default: int) -> int:
+    """Sequences one engine accepts: max_num_seqs (else `default`, vLLM's 256) per attention replica (an EP
+    engine has one per GPU: traces.moe.attention_replicas). Past what its KV cache runs at once, the rest
+    wait in its queue (sim.admission); the planner's race routes to the same cap (planner.drain)."""
+    return (max_num_seqs or default) * int(attention_replicas(ep))
+
+
 class RolloutGroup(BaseModel):
     """`instances` inference engines of `tp` GPUs each, all of one type.
 
@@ -152,7 +159,7 @@ class Plan(BaseModel):
         """Running sequences per engine of `group`: its max_num_seqs (else `default`, vLLM's 256) per
         attention replica (an EP engine has one per GPU: traces.moe.attention_replicas), and no more
         than its share of max_concurrent_rollouts spread evenly over every engine (simulator and runtime)."""
-        cap = (group.max_num_seqs or default) * int(attention_replicas(group.ep))
+        cap = engine_seqs(group.max_num_seqs, group.ep, default)
         if self.max_concurrent_rollouts is not None:
             engines = sum(g.instances for g in self.rollout)
             cap = min(cap, math.ceil(self.max_concurrent_rollouts / engines))
