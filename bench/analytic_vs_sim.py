@@ -17,7 +17,10 @@ rule of traces.records.settled, at most traces.records.settle_cap steps) instead
 recommended window, which can under- or over-state a long tail's steady rate (GRPO groups finishing
 in waves longer than the window); with --compare it runs this file against REV's planner and simulator.
 Usage: python bench/analytic_vs_sim.py [--fleets 50] [--seed 0] [--steps N] [--worst 8] [--compare REV]
-       [--settled] [--more-seeds K]
+       [--settled] [--sim-seeds K] [--more-seeds K]
+`--sim-seeds K` takes the simulated figure as the mean of K whole settle-cap runs (seeds 0 .. K-1, no early
+stop; it overrides --settled): one settled run can stop inside a passing regime (seed 1 #47 settled at 58
+samples/s where whole runs give 29-33).
 `--more-seeds K` also runs K further seeds and prints one summary line each, then all pooled: one
 seed's worst fleet is one draw of the model's misses.
 """

@@ -115,9 +115,9 @@ def _race(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineO
     if cand.generated_per_trained != 1 or not engines or any(o.drain is None for o, _ in engines):
         return Race(math.nan, True)
     eta = cand.staleness if mode == "async" else 0.0
-    return race(tuple((o.drain, o.drain.accepts, n) for o, n in engines if n > 0),  # type: ignore[union-attr]
-                cand.samples_per_step,
-                eta, trainer.step_seconds, min(cand.sync_seconds, trainer.step_seconds))
+    curves = tuple((o.drain, o.drain.accepts, n) for o, n in engines if n > 0)  # type: ignore[union-attr]
+    return race(curves, cand.samples_per_step, eta, trainer.step_seconds,  # type: ignore[arg-type]
+                min(cand.sync_seconds, trainer.step_seconds))
 
 
 def _routed(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...]) -> float:

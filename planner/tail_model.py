@@ -71,8 +71,8 @@ class DrainCurve:
     prefill, then a batch that thins as samples finish: planner.drain.drain_seconds), the
     router's key (one decode iteration of n mean-length samples: sim.simulate's mean_iteration_s),
     the response lengths' quantiles at LENGTH_PROBS, one decode iteration alone (seconds), the expected
-    longest of 2^k responses, and [i, j] the share of D(points[i]) spent until position j / (POSITIONS - 1)
-    of that longest (None: in proportion to the length)."""
+    longest of 2^k responses, the samples its KV cache runs at once, and [i, j] the share of D(points[i])
+    spent until position j / (POSITIONS - 1) of that longest (None: in proportion to the length)."""
 
     points: tuple[float, ...]
     seconds: tuple[float, ...]
@@ -116,7 +116,6 @@ class DrainCurve:
             row = self.elapsed[i] * (1 - f) + self.elapsed[min(i + 1, len(self.points) - 1)] * f
             share = np.interp(np.minimum(x, 1.0), np.linspace(0.0, 1.0, len(row)), row)
         return total * share + np.maximum(0.0, x - 1.0) * own * self.alone_seconds
-
 
     def completions(self, n: float, ranks: np.ndarray) -> np.ndarray:
         """Seconds from handing an engine n samples at once until its samples at these ranks (0-1) of
