@@ -46,6 +46,21 @@ GPT_FAST_NEW_TOKENS = 200  # gpt-fast's generate.py default (C9, C10 give no out
 SOURCE_HBM_TB_PER_S = {"gpt-fast": 1.7}
 # Layouts the row gives only by reference (Megatron-LM README's scaling table, as tests/calibration_cases.py).
 MEGATRON_175B = {"tp": 8, "pp": 12, "vp": 4}
+# Decoder layers on the last pipeline rank where the source's split takes the loss into account (the
+# rank holds the LM head and loss besides; traces.costmodel.pipeline). Rows not named here split the
+# layers evenly, Megatron's default (C34: Megatron-Bridge's gpt-oss-120b H100 config, PP4, sets
+# account_for_{embedding,loss}_in_pipeline_split false and no layout, github:NVIDIA-NeMo/Megatron-Bridge
+# @a9497c6 scripts/performance/dryrun_configs/gpt_oss/gpt_oss_120b_pretrain_h100_fp8_mx_v1.yaml).
+# C25, C26: Llama 3 405B takes one layer off the first and the last stage (arXiv:2407.21783 sec. 3.3.2):
+#   126 layers + 2 over PP16 = 8 units a rank, the last one 7 layers + the head.
+# C35: Megatron-Bridge's DeepSeek-V3 layout for PP4 VP4, [E + 4 dec] + 14 x [4 dec] + [1 dec + loss]
+#   (src/megatron/bridge/recipes/deepseek/deepseek_v3.py, layout map): the last rank's chunks 3, 7, 11, 15
+#   hold 4 + 4 + 4 + 1 = 13 layers.
+# C58, C60, C61, C67: the ModelZoo's Qwen3-235B config sets --account-for-embedding-in-pipeline-split and
+#   --account-for-loss-in-pipeline-split (github:yanring/Megatron-MoE-ModelZoo
+#   model_configs/benchmarking/Qwen3-235B-A22B.yaml; runtime.conf: "96 # Account loss and embedding for
+#   number of layers"): 94 + 2 units over PP8 = 12 a rank (last: 11 layers), over PP32 = 3 (last: 2).
+LAST_STAGE_LAYERS = {"C25": 7, "C26": 7, "C35": 13, "C58": 11, "C60": 2, "C61": 11, "C67": 11}
 SHAREGPT_PROMPT, SHAREGPT_SIGMA = 240.0, 1.0  # ShareGPT: ~240-token prompts, lognormal answers
 # Rows whose figure bounds the prediction from above rather than measuring it, by their `where`:
 # LMDeploy's FTL(max) of prompts sent together is the last first token, after every prompt's prefill
@@ -147,7 +162,7 @@ def _train(row: CalibrationRow, model: ModelSpec, gpu: GpuType) -> Callable[[Cos
     recompute = "full" if "full recompute" in row.layout else "none" if "no recompute" in row.layout else "selective"
     kw = {"seq_len": seq, "microbatch_tokens": seq * mbs, "zero_stage": zero, "recompute": recompute,
           "virtual_stages": vp, "gpus_per_node": NODE_SIZE.get(gpu.name, 8),
-          "inter_node_bytes_per_s": INTER_NODE.get(gpu.name, 50e9)}
+          "inter_node_bytes_per_s": INTER_NODE.get(gpu.name, 50e9), "last_stage_layers": LAST_STAGE_LAYERS.get(row.id)}
 
     ep = lay.get("ep", 1)  # Megatron folds EP into the dp x tp ranks (expert tensor parallelism 1)
     if (dp * tp) % ep:

@@ -97,20 +97,26 @@ class CostModel:
         self, gpu: GpuType, model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, tokens: ArrayLike,
         *, seq_len: ArrayLike = 4096, microbatch_tokens: ArrayLike | None = None, zero_stage: int = 3,
         recompute: str = "selective", virtual_stages: int = 1, gpus_per_node: int = 8,
-        inter_node_bytes_per_s: float = 50e9, ep: ArrayLike = 1,
+        inter_node_bytes_per_s: float = 50e9, ep: ArrayLike = 1, last_stage_layers: ArrayLike | None = None,
     ) -> Estimate:
-        """Seconds of one optimizer step over `tokens` tokens (sequences `seq_len` long)."""
+        """Seconds of one optimizer step over `tokens` tokens (sequences `seq_len` long).
+
+        `last_stage_layers`: decoder layers on the last pipeline rank, which also holds the LM head and
+        the loss (None: layers / pp, Megatron's even split; fewer where the split accounts for the
+        loss, e.g. Megatron's --account-for-loss-in-pipeline-split): roofline.train_seconds."""
         return self._train_like("train", gpu, model, dp, tp, pp, tokens, seq_len, microbatch_tokens,
-                                zero_stage, recompute, virtual_stages, gpus_per_node, inter_node_bytes_per_s, ep)
+                                zero_stage, recompute, virtual_stages, gpus_per_node, inter_node_bytes_per_s, ep,
+                                last_stage_layers)
 
     def logprob(
         self, gpu: GpuType, model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, tokens: ArrayLike,
         *, seq_len: ArrayLike = 4096, microbatch_tokens: ArrayLike | None = None, zero_stage: int = 3,
         gpus_per_node: int = 8, inter_node_bytes_per_s: float = 50e9, ep: ArrayLike = 1,
+        last_stage_layers: ArrayLike | None = None,
     ) -> Estimate:
         """Seconds of the forward-only logprob recompute pass over `tokens` tokens."""
         return self._train_like("logprob", gpu, model, dp, tp, pp, tokens, seq_len, microbatch_tokens,
-                                zero_stage, "none", 1, gpus_per_node, inter_node_bytes_per_s, ep)
+                                zero_stage, "none", 1, gpus_per_node, inter_node_bytes_per_s, ep, last_stage_layers)
 
     def sync(self, trainer_gpu: GpuType, model: ModelSpec, engines: ArrayLike, path_bytes_per_s: ArrayLike) -> Estimate:
         """Seconds to push new weights from trainer rank 0 to `engines` engines over the path."""
@@ -190,6 +196,7 @@ class CostModel:
         self, stage: str, gpu: GpuType, model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike,
         tokens: ArrayLike, seq_len: ArrayLike, microbatch_tokens: ArrayLike | None, zero_stage: int,
         recompute: str, virtual_stages: int, gpus_per_node: int, inter_node: float, ep: ArrayLike,
+        last_stage_layers: ArrayLike | None = None,
     ) -> Estimate:
         eff = self.efficiency
         mb = seq_len if microbatch_tokens is None else microbatch_tokens
@@ -199,7 +206,7 @@ class CostModel:
                 gpu, model, k["dp"], k["tp"], k["pp"], a["tokens"], eff, seq_len=seq_len, microbatch_tokens=mb,
                 zero_stage=zero_stage, recompute=recompute, virtual_stages=virtual_stages,
                 gpus_per_node=gpus_per_node, inter_node_bytes_per_s=inter_node, forward_only=stage == "logprob",
-                ep=k["ep"],
+                ep=k["ep"], last_stage_layers=last_stage_layers,
             )
 
         return self._blend(stage, gpu, model, {"dp": dp, "tp": tp, "pp": pp, "ep": ep}, {"tokens": tokens}, roof)

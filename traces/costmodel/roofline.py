@@ -28,6 +28,7 @@ from traces.costmodel.experts import (
     touched_weight_bytes,
     train_alltoall_seconds,
 )
+from traces.costmodel.pipeline import stage_imbalance
 from traces.hardware import GpuType
 from traces.models import ModelSpec
 from traces.moe import attention_replicas
@@ -204,11 +205,14 @@ def train_seconds(
     inter_node_bytes_per_s: float = 50e9,
     forward_only: bool = False,
     ep: ArrayLike = 1,
+    last_stage_layers: ArrayLike | None = None,
 ) -> Array:
     """One optimizer step over N tokens on dp x tp x pp GPUs (or one forward pass if forward_only).
 
-    compute = flops N / (dp tp pp F e_train fill) x pipeline bubble (1 + (pp-1)/(m v)),
-        fill = mb / (mb + half): a micro-batch of mb tokens fills the GPU less when small
+    compute = flops N / (dp tp pp F e_train fill) x imbalance x pipeline bubble (1 + (pp-1)/(m v)),
+        fill = mb / (mb + half): a micro-batch of mb tokens fills the GPU less when small,
+        imbalance = the slowest stage over the mean one (pipeline.stage_imbalance: the LM head and
+        loss on the last stage; `last_stage_layers` decoder layers there, layers/pp by default)
     TP: 4 all-reduces per layer (2 forward, 2 backward) of the rank's tokens x hidden.
     DP: all-reduce of gradients 2(dp-1)/dp W/(tp pp) (+ parameter all-gathers under ZeRO-3),
         a share `comm_overlap` hidden behind compute (never less than what compute cannot hide);
@@ -227,6 +231,9 @@ def train_seconds(
     per_token = per_token + routed_flops_per_token(model, matmul_passes) * (1 / expert_train_matmul(eff) - 1)
     fill = mb / (mb + eff.train_half_tokens)  # small micro-batches leave the GPU part idle
     compute = per_token * n / (gpus * gpu.bf16_flops * (gpu.matmul_ceiling * eff.train_matmul) * fill)
+    # the pipeline runs at its slowest stage: the last one, which also holds the LM head and the loss
+    compute = compute * stage_imbalance(model, p, per_token, forward_only=forward_only,
+                                        last_stage_layers=last_stage_layers)
     microbatches = np.maximum(np.ceil(n / d / mb), 1.0)
     # a fixed cost per MoE layer of the stage, per pass and micro-batch (Efficiency.moe_layer_overhead_s)
     compute = compute + microbatches * matmul_passes * (model.moe_layers / p) * eff.moe_layer_overhead_s
