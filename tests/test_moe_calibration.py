@@ -72,7 +72,9 @@ def test_expert_matmul_held_out_is_judged_from_its_neutral_start() -> None:
     for j in judged:
         if j.case.source == cases[1].source:
             assert j.held_out_predicted == pytest.approx(j.case.predict(held), rel=1e-9), j.case.id
-            assert j.held_out_error > 0.5  # no expert loss: far too fast, as it should be without the rows
+            # no expert loss: too fast, as it should be without the rows (all > 50% before C34's last
+            # pipeline stage carried the LM head and GB200 its measured matmul ceiling; since, C35 20%)
+            assert j.held_out_error > 0.15
 
 
 def test_c34_is_priced_at_its_published_micro_batch() -> None:

@@ -44,10 +44,12 @@ class Efficiency:
     train_matmul: float = 0.742
     # Share of the dense training matmul rate that routed-expert FLOPs reach (token permutation,
     # grouped GEMMs, router, load imbalance): the least-squares log error over C33/C34 (gpt-oss-120b,
-    # Megatron-Bridge; C34 priced at its published micro-batch of 4 sequences; bench/fidelity.py's joint
-    # fit gives 0.33). One source only: held out, it is judged from the neutral start (1.0, no loss),
+    # Megatron-Bridge; C34 priced at its published micro-batch of 4 sequences). Refitted so 2026-12-03
+    # (0.31 -> 0.42) once C34's last pipeline stage carries the LM head (traces.costmodel.pipeline) and
+    # GB200 its measured matmul ceiling (traces/data/gpus.yaml): C33 +6.5%, C34 -6.9%, C35 (not in the
+    # fit) -15.9%. One source only: held out, it is judged from the neutral start (1.0, no loss),
     # so its leave-one-source-out error shows what is not yet known.
-    expert_matmul: float = 0.31
+    expert_matmul: float = 0.42
     # Fixed cost per MoE layer, per pass (forward, backward, recompute) and per micro-batch of a training
     # step, seconds: router, token permutation and the dispatch's host wait (DeepEP's normal kernels block
     # the CPU until the GPU reports how many tokens arrive, docs/legacy.md of github.com/deepseek-ai/DeepEP,
