@@ -94,7 +94,7 @@ def raced(cand: Candidates, sol: Solution) -> Solution:
     where they do not apply (colocated plans, multi-turn episodes, dynamic sampling)."""
     if sol.mode == "async" and cand.interruptible:
         # one that holds nothing when the weights are published is never interrupted: it runs the race
-        outcome = _race(cand, sol.trainer, sol.engines, sol.mode)
+        outcome = _race(cand, sol.trainer, sol.engines, sol.mode, held_only=True)
         priced = outcome.samples_per_s if not outcome.held_at_publish else _routed(cand, sol.trainer, sol.engines)
     elif sol.mode in ("async", "sync"):
         priced = _race(cand, sol.trainer, sol.engines, sol.mode).samples_per_s
@@ -108,8 +108,8 @@ def raced(cand: Candidates, sol: Solution) -> Solution:
     return dataclasses.replace(sol, samples_per_s=priced, generation_per_s=gen)
 
 
-def _race(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...], mode: Mode
-          ) -> Race:
+def _race(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...], mode: Mode,
+          held_only: bool = False) -> Race:
     """planner.tail_model.race for engines that are not interruptible, or on-policy (eta 0: a sync
     step is an async one that may not run ahead); nan (held) where it does not apply."""
     if cand.generated_per_trained != 1 or not engines or any(o.drain is None for o, _ in engines):
@@ -117,7 +117,7 @@ def _race(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineO
     eta = cand.staleness if mode == "async" else 0.0
     curves = tuple((o.drain, o.drain.accepts, n) for o, n in engines if n > 0)  # type: ignore[union-attr]
     return race(curves, cand.samples_per_step, eta, trainer.step_seconds,  # type: ignore[arg-type]
-                min(cand.sync_seconds, trainer.step_seconds))
+                min(cand.sync_seconds, trainer.step_seconds), held_only)
 
 
 SAWTOOTH = 8  # loads along a version's in-flight sawtooth an interruptible engine's rate is averaged over

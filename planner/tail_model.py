@@ -153,17 +153,23 @@ class Race:
 
 @functools.lru_cache(maxsize=4096)  # evaluate asks again for the same allocation at every derating
 def race(engines: Sequence[tuple[DrainCurve, int, int]], batch: int, eta: float, step_seconds: float,
-         sync_seconds: float) -> Race:
+         sync_seconds: float, held_only: bool = False) -> Race:
     """Samples/s of engines that are not interruptible (curve, max batch, count each) under the
     simulator's admission and routing rules, stepped version by version (nan if too many engines):
     the mean over RACE_DRAWS seeded trajectories (`_trajectory`). One trajectory is one draw of a
     chaotic race: which engine drains first decides who takes the next version, and a slow engine
     that takes a whole version holds the steps behind it for its longest sample (bench/analytic_vs_sim.py
-    seed 1 #47: seeded simulations run at 29-33 samples/s, one settled run at 58 in a passing regime)."""
+    seed 1 #47: seeded simulations run at 29-33 samples/s, one settled run at 58 in a passing regime).
+    `held_only`: the caller needs the rate only where no engine holds samples at a publish, so the
+    first trajectory where one does ends the race (rate nan)."""
     count = sum(n for _, _, n in engines)
     if count > RACE_MAX_ENGINES or not count:
         return Race(math.nan, True)
-    runs = [_trajectory(engines, batch, eta, step_seconds, sync_seconds, seed) for seed in range(RACE_DRAWS)]
+    runs = []
+    for seed in range(RACE_DRAWS):
+        runs.append(_trajectory(engines, batch, eta, step_seconds, sync_seconds, seed))
+        if held_only and runs[-1].held_at_publish:
+            return Race(math.nan, True)
     return Race(float(np.mean([r.samples_per_s for r in runs])), any(r.held_at_publish for r in runs))
 
 

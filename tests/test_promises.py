@@ -112,12 +112,13 @@ def test_identical_node_groups_plan_as_one() -> None:
         assert all(split.resolve(split.group_of_node(n).gpu_type).name == g.gpu_type for n in g.nodes)
 
 
-@pytest.mark.parametrize("seed", [104, 108, 109, 111])
+@pytest.mark.parametrize("seed", [104, 108, 109, 111, 0, 3])
 def test_adding_a_node_group_does_not_lower_the_plan(seed: int) -> None:
-    """More nodes never make the returned plan simulate worse, beyond 2% (a different plan's seeded run).
+    """More nodes never make the returned plan simulate worse, not at all: the plan without them is
+    still a candidate, simulated with the same seed, so a different answer is one that simulates better.
 
     Seeds chosen to cover an added slow-linked group of a type the fleet has (104, 108), a faster one
-    (109) and one of a type it has at the same speed (111)."""
+    (109), one of a type it has at the same speed (111), and two drawn fleets (0 sync, 3 async)."""
     rng = random.Random(seed)
     cluster, workload = _random_fleet(rng)
     more = {"gpu_type": rng.choice(["H100", "H800", "H20", "A100-80G", "L40S"]), "nodes": 1, "gpus_per_node": 8,
@@ -125,7 +126,7 @@ def test_adding_a_node_group_does_not_lower_the_plan(seed: int) -> None:
     bigger = Cluster(name="bigger", node_groups=(*cluster.node_groups, more))
     a = plan_report(cluster, workload, cost_model=CM, baselines=False, marginal=False).chosen.samples_per_s
     b = plan_report(bigger, workload, cost_model=CM, baselines=False, marginal=False).chosen.samples_per_s
-    assert b >= a * 0.98, (a, b)
+    assert b >= a * (1 - 1e-12), (a, b)
 
 
 def test_a_slow_linked_node_added_to_the_shipped_fleet_costs_nothing() -> None:
@@ -136,7 +137,7 @@ def test_a_slow_linked_node_added_to_the_shipped_fleet_costs_nothing() -> None:
                                                                      "inter_node_gb_per_s": 1.0}))
     a = plan_report(cluster, workload, baselines=False, marginal=False).chosen.samples_per_s
     b = plan_report(slow, workload, baselines=False, marginal=False).chosen.samples_per_s
-    assert b >= a * 0.98, (a, b)
+    assert b >= a * (1 - 1e-12), (a, b)
 
 
 def test_what_if_baseline_row_is_plans_answer() -> None:

@@ -3,6 +3,8 @@ its agreement with the simulator on a non-interruptible asynchronous fleet."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -134,6 +136,15 @@ def test_race_the_first_to_drain_takes_the_next_cohort(engines: int) -> None:
     got = race(((_fixed_curve(), 64, engines),), 64, 1.0, 1.0, 0.3)
     assert got.samples_per_s == pytest.approx(3 * 64 / ((1 + 0.01 * 64 / engines) + (1 + 0.01 * 64) + 1.0), rel=1e-6)
     assert got.held_at_publish  # still draining at a publish: an interruptible engine would be interrupted
+
+
+def test_race_for_whether_an_engine_holds_samples_at_a_publish_stops_at_the_first_that_does() -> None:
+    """held_only (an interruptible fleet's question): held, with no rate, where the full race finds an
+    engine holding samples at a publish; the full race's answer where none does."""
+    held = race(((_fixed_curve(), 64, 4),), 64, 1.0, 1.0, 0.3, held_only=True)
+    assert held.held_at_publish and math.isnan(held.samples_per_s)
+    assert race(((_fixed_curve(), 64, 4),), 64, 1.0, 5.0, 0.3, held_only=True) == \
+        race(((_fixed_curve(), 64, 4),), 64, 1.0, 5.0, 0.3)
 
 
 def test_fixed_length_non_interruptible_fleet_agrees_with_the_simulator() -> None:
