@@ -107,16 +107,11 @@ def plan_report(
         t0 = time.perf_counter()
         cand = search.candidates()  # the cost tables loaded before the workers fork: they inherit them
         mode: Mode = workload.mode
-        found = [(cand, s) for s in search.solve(cand, mode, top_k)]
-        whole = deadline.hit is None  # the request's MILP ran to the end: its answer is the marginal values' base
-        if found and sim_steps > 0 and search.sims.workers > 1:
-            # the best plan simulated before the workers fork: they inherit what a process's first
-            # simulation loads (the simulator's compiled kernels from numba's cache, its engine tables),
-            # ~1 s that each worker paid again (issue 19); kept, so the top plans' batch reuses it
-            search.score("top-1", *found[0])
         if sim_steps > 0 or marginal:  # workers for simulations and independent MILPs (not for the MILP alone)
             search.sims.start(cm)
         ahead = ask_ahead(search, mode, budget) if marginal else None  # beside the search (planner.marginal)
+        found = [(cand, s) for s in search.solve(cand, mode, top_k)]
+        whole = deadline.hit is None  # the request's MILP ran to the end: its answer is the marginal values' base
         if not found:
             if deadline.hit:
                 raise deadline.nothing_found()
