@@ -17,8 +17,11 @@ from traces import SpecError
 PLAN_SECONDS = 600.0  # one request's wall clock, as one simulation's (sim.recorder.MAX_WALL_SECONDS)
 # simulations per request: screening runs (top-k, tiers, refinement, engine mixes, targets) and the
 # settling runs of planner.confirm together; 48 screening runs, as before settling runs were counted,
-# plus planner.confirm.CONFIRM_PLANS (6) settling runs. The baselines' runs are bounded by the clock alone.
+# plus SETTLING_RUNS settling runs. The baselines' runs are bounded by the clock alone.
 MAX_SIMULATIONS = 54
+# settling runs per request (planner.confirm), held back from the screening runs' share of the count so
+# that a search which spends its bound still settles its answer (at most half of a smaller bound)
+SETTLING_RUNS = 6
 MAX_SOLVES = 5_000  # MILP solves per enumeration (on-policy: trainers x slowest engine allowed)
 
 
@@ -44,14 +47,19 @@ class Deadline:
         self._note(f"{where} stopped at the planner's {self.seconds:g} s bound")
         return True
 
-    def may_simulate(self, where: str) -> bool:
-        """Whether one more plan may be simulated (the count and the clock)."""
+    def may_simulate(self, where: str, *, settling: bool = False) -> bool:
+        """Whether one more plan may be simulated (the count and the clock). Screening runs stop
+        short of the count by the settling runs held back for the answer (`reserved`)."""
         if self.expired(where):
             return False
-        if self.simulated >= self.simulations:
+        if self.simulated >= self.simulations - (0 if settling else self.reserved()):
             self._note(f"{where} stopped at the planner's bound of {self.simulations} simulated plans")
             return False
         return True
+
+    def reserved(self) -> int:
+        """The simulations held back from screening for settling runs."""
+        return min(SETTLING_RUNS, self.simulations // 2)
 
     def may_solve(self, where: str, done: int) -> bool:
         """Whether an enumeration that has made `done` solves may make another."""

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from planner.bounds import SETTLING_RUNS
 from planner.scoring import Scored, Search
 
-CONFIRM_PLANS = 6  # settling runs per request at most (each can cost several screening runs)
+CONFIRM_PLANS = SETTLING_RUNS  # settling runs per request at most (each can cost several screening runs)
 CONFIRM_BATCH = 2  # settled side by side per round: fixed, so a request's answer is the same whatever its workers
 
 

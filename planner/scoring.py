@@ -228,7 +228,8 @@ class Search:
                 out[i] = dataclasses.replace(s, simulated=self._settled[key], screened=s.simulated)
             elif key in todo:
                 todo[key][1].append(i)
-            elif self.deadline.may_simulate(where) if counted else not self.deadline.expired(where):
+            elif (self.deadline.may_simulate(where, settling=True) if counted
+                  else not self.deadline.expired(where)):
                 self.deadline.simulated += counted
                 run = s.job.workload
                 cap = settle_cap(run.staleness if run.mode == "async" else 0)

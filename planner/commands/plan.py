@@ -7,7 +7,7 @@ import math
 import sys
 from typing import Any
 
-from planner.bounds import MAX_SIMULATIONS, PLAN_SECONDS
+from planner.bounds import MAX_SIMULATIONS, PLAN_SECONDS, SETTLING_RUNS
 from planner.commands.args import (
     add_executor_args,
     add_profile_arg,
@@ -51,8 +51,9 @@ def register(sub: Any) -> None:
                    help=f"wall-clock bound of the whole search (default {PLAN_SECONDS:g}); the best plan found by "
                         "then is returned, with a note")
     p.add_argument("--max-simulations", type=positive_int, default=MAX_SIMULATIONS,
-                   help="simulations at most: each plan's screening run and each settling run count one; the "
-                        f"baselines' runs are not counted (default {MAX_SIMULATIONS})")
+                   help="simulations at most: each plan's screening run and each settling run count one, and "
+                        f"the last {SETTLING_RUNS} are kept for settling runs (at most half); the baselines' runs "
+                        f"are not counted (default {MAX_SIMULATIONS})")
     p.add_argument("--framework", choices=("areal", "verl"),
                    help="search only plans this framework launches as they are (one rollout engine kind on whole "
                         "nodes), so `rlfleet export` writes exactly the simulated plan; compared with the free plan")
