@@ -10,12 +10,18 @@ returns what a serial one does, bit for bit (tests/test_plan_speed.py).
 A MILP in a worker runs in a thread of its own (`solve_job`): HiGHS keeps its task scheduler per
 thread (HiGHS PR #818), and the forked child's main thread holds a copy of the parent's, whose
 worker threads the child does not have.
+Calls and answers (`submit`) name the cost model the workers inherited by its id, both ways: a
+MILP's answer holds engine options whose drain curves hold the cost model (planner.drain.LazyDrain),
+and pickling its tables with each answer was 57 MB of the demo's 48 answers, 1.8 MB without them.
+An answer this process cannot read back raises WorkerAnswerError from its future.
 """
 
 from __future__ import annotations
 
+import copyreg
 import dataclasses
 import functools
+import io
 import multiprocessing
 import pickle
 from collections.abc import Callable
@@ -110,10 +116,61 @@ def _run_inherited(cm: int, job: SimJob) -> SimResult | SpecError:
     return run_job(dataclasses.replace(job, cm=_INHERITED[cm]))
 
 
-def _call(call: bytes) -> Any:
-    """A call Simulations.submit pickled: run it."""
+class WorkerAnswerError(RuntimeError):
+    """A worker's call or answer that could not be read back (a bug, not the request's fault)."""
+
+
+def _dumps(obj: Any, cm: CostModel | None) -> bytes:
+    """`obj` pickled with `cm` (the cost model the pool's workers inherited, if any) named by its id."""
+    buf = io.BytesIO()
+    pickler = pickle.Pickler(buf, pickle.HIGHEST_PROTOCOL)
+    if cm is not None:  # only CostModel instances reach this reducer (a dispatch table is by type)
+        pickler.dispatch_table = {**copyreg.dispatch_table, CostModel: functools.partial(_by_id, cm)}
+    pickler.dump(obj)
+    return buf.getvalue()
+
+
+def _by_id(inherited: CostModel, cm: CostModel) -> str | tuple[Any, ...]:
+    """The inherited cost model as its id; any other pickled whole (its default reduction)."""
+    if cm is inherited:
+        return _inherited_cost_model, (id(cm),)
+    return cm.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+
+
+def _inherited_cost_model(key: int) -> CostModel:
+    """The cost model pickled as its id (`_dumps`): this process's (the parent's, or a worker's copy)."""
+    cm = _INHERITED.get(key)
+    if cm is None:
+        raise WorkerAnswerError(f"a pickled call or answer names inherited cost model {key}, which this process "
+                                "does not hold (was its pool closed before the answer was read?)")
+    return cm
+
+
+def _call(call: bytes, inherited: int | None) -> bytes:
+    """A call Simulations.submit pickled: run it, its answer pickled with the inherited cost model by id."""
     fn, args = pickle.loads(call)
-    return fn(*args)
+    return _dumps(fn(*args), None if inherited is None else _inherited_cost_model(inherited))
+
+
+def _read(answer: Future[bytes], out: Future[Any], name: str) -> None:
+    """`answer`'s bytes unpickled into `out` (a done callback: whatever fails is set on `out`, so the
+    caller's .result() raises it instead of waiting for a result no one sets)."""
+    try:
+        if answer.cancelled():
+            out.cancel()
+            return
+        err = answer.exception()
+        if err is not None:
+            out.set_exception(err)
+            return
+        try:
+            out.set_result(pickle.loads(answer.result()))
+        except Exception as exc:
+            raise WorkerAnswerError(f"the answer of {name} from a worker could not be unpickled: "
+                                    f"{type(exc).__name__}: {exc}") from exc
+    except BaseException as exc:
+        if not out.done():
+            out.set_exception(exc)
 
 
 def _ready() -> None:
@@ -172,7 +229,11 @@ class Simulations:
             done: Future[T] = Future()
             done.set_result(fn(*args))
             return done
-        return self._executor().submit(_call, pickle.dumps((fn, args)))
+        inherited = id(self._inherit) if self._inherit is not None else None
+        answer = self._executor().submit(_call, _dumps((fn, args), self._inherit), inherited)
+        out: Future[T] = Future()
+        answer.add_done_callback(functools.partial(_read, out=out, name=getattr(fn, "__qualname__", repr(fn))))
+        return out
 
     def close(self) -> None:
         if self._pool is not None:
