@@ -48,6 +48,7 @@ from planner.bounds import Deadline
 from planner.candidates import Candidates, EngineOption, TrainerOption
 from planner.rate_model import Mode, Solution, evaluate
 from planner.rate_model import raced as raced  # re-exported: the answer's priced figure (planner.api)
+from planner.rate_reach import reaches
 from traces import SpecError
 
 Objective = Literal["throughput", "cost"]
@@ -275,7 +276,8 @@ def settled(cand: Candidates, sol: Solution, engines: tuple[tuple[EngineOption, 
         mid = (lo + hi) / 2
         if mid <= 0 or hi - lo <= 1e-9 * hi:
             break
-        lo, hi = (mid, hi) if evaluate(cand, sol.trainer, at(mid), "async")[0] >= mid else (lo, mid)
+        # evaluate(...)[0] >= mid, with the rate's own bisection stopped once the answer is known
+        lo, hi = (mid, hi) if reaches(cand, sol.trainer, at(mid), mid) else (lo, mid)
     return _make(cand, sol.trainer, at(lo), "async", sol.lp_bound, sol.gap) if lo > 0 else sol
 
 

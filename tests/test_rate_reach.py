@@ -1,0 +1,81 @@
+"""planner.rate_reach.reaches answers what the full rate computation answers, bit for bit, so
+planner.milp.settled (which asks it at each step of its bisection) returns the plans it returned
+when each step computed the whole rate (issue 19)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from planner.candidates import candidates
+from planner.milp import _make, settled, solve_async
+from planner.rate_model import evaluate
+from planner.rate_reach import reaches
+from traces import Cluster, CostModel, Workload, get_model
+from traces.lengths import LengthDist
+
+CM = CostModel.roofline_only()
+
+
+def _cand(interruptible: bool, gpus: tuple[tuple[str, int], ...]):  # type: ignore[no-untyped-def]
+    cluster = Cluster(name="reach", node_groups=tuple({"gpu_type": g, "nodes": n} for g, n in gpus))
+    workload = Workload(name="reach", model=get_model("qwen2.5-1.5b"), prompts_per_step=32, group_size=8,
+                        prompt_len=LengthDist(kind="uniform", low=64, high=512),
+                        response_len=LengthDist(kind="lognormal", mean=1200, sigma=0.9, cap=4096),
+                        staleness=2, interruptible=interruptible)
+    return candidates(CM, cluster, workload)
+
+
+FLEETS = [(True, (("H800", 2), ("H20", 1))), (False, (("H800", 1), ("L40S", 2))),
+          (True, (("A100-80G", 1), ("L4", 2), ("H20", 1)))]
+
+
+def _settled_in_full(cand, sol, engines):  # type: ignore[no-untyped-def]
+    """planner.milp.settled as it was: the whole rate at every step."""
+    batch = cand.samples_per_step
+
+    def at(z: float):  # type: ignore[no-untyped-def]
+        return tuple((o.derated(batch / z if z > 0 else math.inf), n) for o, n in engines)
+
+    hi = evaluate(cand, sol.trainer, at(0.0), "async")[0]
+    lo = 0.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if mid <= 0 or hi - lo <= 1e-9 * hi:
+            break
+        lo, hi = (mid, hi) if evaluate(cand, sol.trainer, at(mid), "async")[0] >= mid else (lo, mid)
+    return _make(cand, sol.trainer, at(lo), "async", sol.lp_bound, sol.gap) if lo > 0 else sol
+
+
+@pytest.mark.parametrize(("interruptible", "gpus"), FLEETS)
+def test_reaches_is_the_full_rate_compared_with_z(interruptible: bool, gpus: tuple[tuple[str, int], ...]) -> None:
+    cand = _cand(interruptible, gpus)
+    rng = np.random.default_rng(7)
+    checked = 0
+    for _ in range(60):
+        trainer = cand.trainers[int(rng.integers(len(cand.trainers)))]
+        picks = rng.choice(len(cand.engines), size=min(3, len(cand.engines)), replace=False)
+        period = float(rng.choice([math.inf, rng.uniform(5, 200)]))
+        engines = tuple((cand.engines[int(r)].derated(period), int(rng.integers(0, 5))) for r in picks)
+        rate = evaluate(cand, trainer, engines, "async")[0]
+        zs = [rate, np.nextafter(rate, math.inf), np.nextafter(rate, -math.inf), rate * (1 + 1e-10),
+              rate * (1 - 1e-10), 0.0, trainer.samples_per_s, np.nextafter(trainer.samples_per_s, math.inf),
+              *rng.uniform(0, 1.2 * trainer.samples_per_s, 6)]
+        for z in zs:
+            assert reaches(cand, trainer, engines, float(z)) == (rate >= z), (rate, z)
+            checked += 1
+    assert checked == 60 * 14
+
+
+@pytest.mark.parametrize(("interruptible", "gpus"), FLEETS)
+def test_settled_returns_what_the_full_bisection_returned(interruptible: bool,
+                                                        gpus: tuple[tuple[str, int], ...]) -> None:
+    cand = _cand(interruptible, gpus)
+    found = solve_async(cand, top_k=3) + solve_async(cand, "cost", target=1.0, top_k=2)
+    assert found
+    base = {(o.pool, o.tp, o.ep): o for o in cand.engines}
+    for sol in found:
+        engines = tuple((base[o.pool, o.tp, o.ep], n) for o, n in sol.engines)
+        assert settled(cand, sol, engines) == _settled_in_full(cand, sol, engines)
