@@ -33,6 +33,7 @@ class Deadline:
     seconds: float = PLAN_SECONDS
     simulations: int = MAX_SIMULATIONS
     solves: int = MAX_SOLVES
+    reserve: int = SETTLING_RUNS  # simulations held back from screening for settling runs (`reserved`)
     start: float = field(default_factory=time.monotonic)
     simulated: int = 0
     hit: str | None = None  # the first bound hit, one line
@@ -59,7 +60,7 @@ class Deadline:
 
     def reserved(self) -> int:
         """The simulations held back from screening for settling runs."""
-        return min(SETTLING_RUNS, self.simulations // 2)
+        return min(self.reserve, self.simulations // 2)
 
     def may_solve(self, where: str, done: int) -> bool:
         """Whether an enumeration that has made `done` solves may make another."""

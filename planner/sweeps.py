@@ -59,7 +59,8 @@ def _pareto_search(payload: dict[str, Any]) -> _Frontier:
     cluster, workload = Cluster.model_validate(payload["cluster"]), Workload.model_validate(payload["workload"])
     search = Search(payload["cost_model"], cluster, workload, "cost", None, None, payload["solver"],
                     payload["sim_steps"], payload["seed"],
-                    deadline=Deadline(simulations=2 * payload["points"]))  # each point screened and settled once
+                    # each point screened and settled once, in turn: no settling runs held back
+                    deadline=Deadline(simulations=2 * payload["points"], reserve=0))
     return _Frontier(search, payload["cand"])
 
 

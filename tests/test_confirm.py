@@ -73,3 +73,12 @@ def test_a_cost_target_is_met_by_the_settled_figure() -> None:
     r = plan_report(FLEET, JOB, cost_model=CM, marginal=False, baselines=False, objective="cost",
                     target=0.6 * fast)
     assert r.chosen.confirmed and r.chosen.samples_per_s >= 0.6 * fast
+
+
+def test_a_search_that_spends_its_bound_still_settles_its_answer() -> None:
+    """The screening runs stop short of the simulation bound by the settling runs held back for the
+    answer: a bound of 8 screens 4 plans and settles the best (it kept a screening figure before)."""
+    r = plan_report(FLEET, JOB, cost_model=CM, marginal=False, baselines=False, max_simulations=8)
+    assert any("bound of 8 simulated plans" in n for n in r.notes)
+    assert len({s.job.key() for s in r.ranked if s.job is not None}) <= 8 - 4
+    assert r.chosen.confirmed
