@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from planner.bounds import Deadline
 from planner.candidates import Candidates, EngineOption, TrainerOption, candidates
 from planner.milp import Solution, evaluate
-from planner.scoring import Scored, Search
+from planner.parallel import Simulations
+from planner.scoring import Scored, Search, Trial
 from traces import Cluster, CostModel, Workload
 from traces.records import recommended_steps
 
@@ -64,17 +65,21 @@ def simulated_best(cm: CostModel, cluster: Cluster, workload: Workload, seed: in
     planner.confirm; `settle=False`: the screening figures alone)."""
     cand = candidates(cm, cluster, workload)
     steps = recommended_steps(workload.staleness if workload.mode == "async" else 0)
+    # side by side on every core (planner.parallel: the answers a serial run gives, in order)
     search = Search(cm, cluster, workload, "throughput", None, None, "auto", steps, seed,
-                    deadline=Deadline(seconds=math.inf, simulations=10**9))
-    scored = []
+                    deadline=Deadline(seconds=math.inf, simulations=10**9), sims=Simulations(None))
+    trials = []
     for t, engines in allocations(cand):
         rate, gen, train, tail, cost = evaluate(cand, t, engines, workload.mode)
-        sol = Solution(t, engines, rate, gen, train, tail, cost, math.nan, 0.0, workload.mode)
-        s = search.score("allocation", cand, sol)
-        if s is not None:
-            scored.append(s)
-    if settle:
-        scored = search.settle_many(scored, where="the brute force")
-        assert all(s.confirmed for s in scored)
+        trials.append(Trial("allocation", cand, Solution(t, engines, rate, gen, train, tail, cost, math.nan, 0.0,
+                                                        workload.mode)))
+    search.sims.start(cm)
+    try:
+        scored = [s for s in search.score_many(trials, where="the brute force") if s is not None]
+        if settle:
+            scored = search.settle_many(scored, where="the brute force")
+            assert all(s.confirmed for s in scored)
+    finally:
+        search.sims.close()
     ranked = sorted(scored, key=lambda s: -s.samples_per_s)
     return Enumerated(ranked[0], len(ranked), tuple(s.samples_per_s for s in ranked))
