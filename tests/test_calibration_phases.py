@@ -156,10 +156,11 @@ def test_the_disaggregated_phases_add_up_as_published() -> None:
 
 
 # Relax Task 22 (C74-C77), shipped cost model, 48 simulated steps (my run, 2026-12-04). The trainer's
-# logged 2.555 s for 32 samples of ~660 tokens on a 0.6B model is about 3% of the card's bf16 peak: the
-# time is framework cost per step, not FLOPs or bytes, and it did not shrink when Relax's own "optimized"
-# variant cut the micro-batches from 3 to 1.67 (report.md @d8743b9: actor_train 2.555 -> 2.64 s), so it
-# is not a per-micro-batch launch cost either. The cost model has no fixed trainer cost per step.
+# logged 2.555 s for 32 samples of ~660 tokens on a 0.6B model is 33 TFLOP/s of model FLOPs, about 7%
+# of the card's bf16 peak: the time is framework cost per step, not FLOPs or bytes. It did not shrink
+# when Relax's own "optimized" variant cut the micro-batches from 3 to 1.67 (report.md @d8743b9:
+# actor_train 2.555 -> 2.64 s), so it is not a per-micro-batch launch cost either. The cost model has
+# no fixed trainer cost per step.
 RELAX_TRAIN = ("actor_train -91% (0.23 s predicted, 2.555 s logged): a fixed per-step trainer cost (Megatron "
                "step, Ray data hand-off, TIS/entropy passes) of about 2.3 s at this scale is not modelled")
 RELAX_SYNC = ("update_weights -62% (0.25 s predicted, 0.650 s logged): Relax pauses the engine, drains in-flight "
