@@ -212,10 +212,20 @@ def k6_step(cm: CostModel, sigma: float = 0.7, steps: int = 6) -> float:
 
 
 # Runs written down in full (cluster, workload, plan) under traces/data/runs/, by their rows' `run`.
-RUN_DIRS = {"verl-7412-qwen3-4b": "verl-qwen3-4b-4x4090"}
-# A row's unit -> the phase of sim.breakdown (verl's timing_s/gen is the trainer's wait in sync modes).
-PHASE_OF_UNIT = {"gen_s": "wait", "logprob_s": "logprob", "train_s": "train", "sync_s": "sync", "step_s": "step"}
+RUN_DIRS = {"verl-7412-qwen3-4b": "verl-qwen3-4b-4x4090",
+            "relax-task22-qwen3-0.6b": "relax-qwen3-0.6b-2xrtxpro6000"}
+# A row's unit -> the phases of sim.breakdown it sums (verl's timing_s/gen is the trainer's wait in sync modes).
+PHASE_OF_UNIT = {"gen_s": ("wait",), "logprob_s": ("logprob",), "train_s": ("train",), "sync_s": ("sync",),
+                 "step_s": ("step",)}
+# Runs whose framework counts a phase elsewhere. Relax's Hybrid async (slime's metrics: perf/step_time =
+# train_wait + train_time) publishes the weights inside the trainer's wait: the end-to-end interval between
+# actor completions (3.636 s) equals perf/step_time (3.652 s) while a publication takes 0.650 s, so the
+# logged train_wait is rlfleet's wait plus its sync (benchmarks/results/task22-hybrid-async-text @d8743b9).
+RUN_PHASE_OF_UNIT = {"relax-task22-qwen3-0.6b": {"gen_s": ("wait", "sync")}}
 _RUN_STEPS = 4
+# Runs simulated for longer: an async run's steps come in periods of staleness + 1 (traces.records.
+# recommended_steps), and 4 steps hold less than one steady period at staleness 2.
+RUN_STEPS = {"relax-task22-qwen3-0.6b": 48}
 # vLLM's share of HBM (gpu_memory_utilization) as each run's framework sets it by default; it is an
 # engine setting, not a plan field, so the run is priced with it in place of the cost model's 0.9.
 # verl: `actor_rollout_ref.rollout.gpu_memory_utilization: 0.5` (github.com/verl-project/verl
@@ -238,7 +248,7 @@ def run_phases(run: str, cm: CostModel) -> dict[str, float]:
         share = RUN_ENGINE_SHARE.get(run, cm.efficiency.engine_memory_fraction)
         run_cm = replace(cm, efficiency=replace(cm.efficiency, engine_memory_fraction=share))
         r = simulate(load_cluster(str(d / "cluster.yaml")), load_workload(str(d / "workload.yaml")), plan, run_cm,
-                     steps=_RUN_STEPS, seed=0)
+                     steps=RUN_STEPS.get(run, _RUN_STEPS), seed=0)
         _PHASES[key] = mean_phases(r.timeline, plan.staleness)
     return _PHASES[key]
 
@@ -250,8 +260,9 @@ def _rl_step(row: CalibrationRow) -> Callable[[CostModel], float] | str:
     if row.id == "K6":
         return k6_step
     if row.run in RUN_DIRS and row.unit in PHASE_OF_UNIT:
-        run, phase = row.run, PHASE_OF_UNIT[row.unit]
-        return lambda cm: run_phases(run, cm)[phase]
+        run = row.run
+        phases = RUN_PHASE_OF_UNIT.get(run, {}).get(row.unit, PHASE_OF_UNIT[row.unit])
+        return lambda cm: sum(run_phases(run, cm)[p] for p in phases)
     return "the setup's generation/trainer split and response lengths are not published"
 
 

@@ -7,6 +7,9 @@ It misses every phase, too fast: strict xfails carry the measured miss and what 
 Disaggregated: vime issue 358's Setup 2 (Qwen3-4B GRPO, 2 actor + 2 rollout NPUs, sync and fully async;
 rows C68-C73) gives step, trainer-wait and train seconds, but on Ascend "A3" NPUs, which the catalog
 lacks, and without response lengths: it cannot be simulated yet (strict xfails below).
+Disaggregated, simulated: Relax's Task 22 benchmark (Qwen3-0.6B GRPO, Hybrid async, one actor GPU and one
+SGLang GPU, RTX PRO 6000 Blackwell; rows C74-C77, the run in traces/data/runs/relax-qwen3-0.6b-2xrtxpro6000).
+It misses too: strict xfails carry the measured misses and the mechanism they point to.
 """
 
 from __future__ import annotations
@@ -150,3 +153,45 @@ def test_the_disaggregated_phases_add_up_as_published() -> None:
     for step, wait, train in (("C68", "C69", "C70"), ("C71", "C72", "C73")):
         assert {ROWS[i].mode for i in (step, wait, train)} == {"disaggregated"}
         assert ROWS[wait].value + ROWS[train].value == pytest.approx(ROWS[step].value, rel=0.02)
+
+
+# Relax Task 22 (C74-C77), shipped cost model, 48 simulated steps (my run, 2026-12-04). The trainer's
+# logged 2.555 s for 32 samples of ~660 tokens on a 0.6B model is 33 TFLOP/s of model FLOPs, about 7%
+# of the card's bf16 peak: the time is framework cost per step, not FLOPs or bytes. It did not shrink
+# when Relax's own "optimized" variant cut the micro-batches from 3 to 1.67 (report.md @d8743b9:
+# actor_train 2.555 -> 2.64 s), so it is not a per-micro-batch launch cost either. The cost model has
+# no fixed trainer cost per step.
+RELAX_TRAIN = ("actor_train -91% (0.23 s predicted, 2.555 s logged): a fixed per-step trainer cost (Megatron "
+               "step, Ray data hand-off, TIS/entropy passes) of about 2.3 s at this scale is not modelled")
+RELAX_SYNC = ("update_weights -62% (0.25 s predicted, 0.650 s logged): Relax pauses the engine, drains in-flight "
+              "requests to a safe point, converts Megatron -> HF (bridge mode) and resumes; priced as one push")
+RELAX_WAIT = ("train_wait +70% (1.81 s predicted as wait + sync, 1.066 s logged): the simulated trainer is 4x too "
+              "fast, so the simulated step is generation-bound and the trainer waits where the logged one trains")
+RELAX_STEP = "step -42% (2.12 s predicted, 3.652 s logged): the train miss, partly hidden behind generation"
+
+
+@pytest.mark.parametrize("row_id", [
+    pytest.param("C74", marks=pytest.mark.xfail(strict=True, reason=RELAX_STEP)),
+    pytest.param("C75", marks=pytest.mark.xfail(strict=True, reason=RELAX_WAIT)),
+    pytest.param("C76", marks=pytest.mark.xfail(strict=True, reason=RELAX_TRAIN)),
+    pytest.param("C77", marks=pytest.mark.xfail(strict=True, reason=RELAX_SYNC)),
+])
+def test_published_disaggregated_run_simulated_within_20_percent(row_id: str) -> None:
+    c = case(ROWS[row_id])
+    assert not isinstance(c, Skipped), c
+    assert abs(c.error(CM)) < 0.20, f"{row_id} ({ROWS[row_id].unit}): {c.error(CM):+.0%}"
+
+
+def test_relax_rows_add_up_and_wait_holds_the_publication() -> None:
+    """perf/step_time = train_wait + train_time (train_time = actor_train + 0.03 s); the logged wait holds
+    the weight publication, so it is compared with the simulated wait plus sync, and the simulated step
+    (which ends with the push) with perf/step_time."""
+    from sim.calibration_set import run_phases
+
+    assert {ROWS[i].mode for i in ("C74", "C75", "C76", "C77")} == {"disaggregated"}
+    assert ROWS["C75"].value + ROWS["C76"].value == pytest.approx(ROWS["C74"].value, rel=0.02)
+    phases = run_phases("relax-task22-qwen3-0.6b", CM)
+    assert case(ROWS["C75"]).predict(CM) == pytest.approx(phases["wait"] + phases["sync"], rel=1e-12)
+    assert case(ROWS["C74"]).predict(CM) == phases["step"]
+    parts = phases["wait"] + phases["logprob"] + phases["train"] + phases["sync"]
+    assert parts == pytest.approx(phases["step"], rel=0.02)
