@@ -17,10 +17,10 @@ from traces import SpecError
 PLAN_SECONDS = 600.0  # one request's wall clock, as one simulation's (sim.recorder.MAX_WALL_SECONDS)
 # simulations per request: screening runs (top-k, tiers, refinement, engine mixes, targets) and the
 # settling runs of planner.confirm together; 48 screening runs, as before settling runs were counted,
-# plus SETTLING_RUNS settling runs. The baselines' runs are bounded by the clock alone.
+# plus at least SETTLING_RUNS settling runs. The baselines' runs are bounded by the clock alone.
 MAX_SIMULATIONS = 54
-# settling runs per request (planner.confirm), held back from the screening runs' share of the count so
-# that a search which spends its bound still settles its answer (at most half of a smaller bound)
+# settling runs (planner.confirm) held back from the screening runs' share of the count, so that a
+# search which spends its bound still settles its answer (at most half of a smaller bound)
 SETTLING_RUNS = 6
 MAX_SOLVES = 5_000  # MILP solves per enumeration (on-policy: trainers x slowest engine allowed)
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 import pytest
 
 from planner.api import plan_report
-from planner.confirm import CONFIRM_PLANS
 from sim import simulate
-from traces import Cluster, CostModel, Workload, get_model
+from traces import Cluster, CostModel, Workload, example_workload, get_model
 from traces.lengths import LengthDist
 from traces.records import recommended_steps, settle_cap
 
@@ -44,12 +43,12 @@ def test_no_unsettled_plan_beats_the_answer_unseen(report) -> None:  # type: ign
     rows = report.summary()["ranked"]
     assert any(r["settled"] is not None for r in rows) and any(r["settled"] is None for r in rows)
     placements = {s.job.key() for s in report.ranked if s.confirmed and s.job is not None}
-    assert 1 <= len(placements) <= CONFIRM_PLANS  # a plan reached twice (a search's neighbour) shares its run
+    assert len(placements) >= 1  # a plan reached twice (a search's neighbour) shares its run
     # lazily: the answer is the best settled, and every plan screened above it was settled or is named in a note
     best = max(s.samples_per_s for s in report.ranked if s.confirmed)
     assert report.chosen.samples_per_s == best
     ahead = [s for s in report.ranked if not s.confirmed and s.samples_per_s > best]
-    assert not ahead or any("were not settled" in n for n in report.notes)
+    assert not ahead and report.notes == ()  # within the request's bounds every contender is settled
 
 
 def test_the_baselines_are_settled_too(report) -> None:  # type: ignore[no-untyped-def]
@@ -82,3 +81,18 @@ def test_a_search_that_spends_its_bound_still_settles_its_answer() -> None:
     assert any("bound of 8 simulated plans" in n for n in r.notes)
     assert len({s.job.key() for s in r.ranked if s.job is not None}) <= 8 - 4
     assert r.chosen.confirmed
+
+
+def test_plans_that_screen_alike_are_all_settled() -> None:
+    """On this fleet six engine mixes screen at the same 30.15 samples/s; a cap of 6 settling runs left
+    one that settles at 29.35 unsettled behind an answer of 29.17 (session 15). Within the request's
+    bounds every plan screened above the answer's settled figure is now settled."""
+    fleet = Cluster(name="tied", node_groups=(
+        {"gpu_type": "H800", "nodes": 1, "gpus_per_node": 8, "inter_node_gb_per_s": 5.0},
+        {"gpu_type": "A100-80G", "nodes": 2, "gpus_per_node": 8, "inter_node_gb_per_s": 5.0},
+        {"gpu_type": "H100", "nodes": 1, "gpus_per_node": 8, "inter_node_gb_per_s": 25.0}))
+    r = plan_report(fleet, example_workload("qwen2.5-7b-grpo-longtail"), cost_model=CM, marginal=False,
+                    baselines=False)
+    assert r.notes == () and r.chosen.confirmed
+    assert all(s.confirmed for s in r.ranked if s.job is not None and s.samples_per_s > r.chosen.samples_per_s)
+    assert len({s.job.key() for s in r.ranked if s.confirmed and s.job is not None}) > 6  # past the old cap
