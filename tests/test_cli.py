@@ -195,3 +195,13 @@ def test_progress_bars_show_on_a_terminal_and_not_when_quiet_or_piped() -> None:
     assert "simulating" not in _stderr_on_a_terminal(*sim, "--quiet")
     piped = subprocess.run([sys.executable, "-m", "planner.cli", *sim], capture_output=True, text=True, check=True)
     assert piped.stderr == ""
+
+
+def test_plan_no_marginal_skips_the_marginal_values(cli) -> None:  # type: ignore[no-untyped-def]
+    base = ["plan", "--cluster", "traces/data/clusters/h800-h20-l40s-4node.yaml", "--workload",
+            "traces/data/workloads/qwen2.5-1.5b-math-short.yaml", "--no-baselines", "--no-settle", "--sim-steps", "4"]
+    full, bare = cli(*base, "--json"), cli(*base, "--json", "--no-marginal")
+    assert full.code == bare.code == 0
+    assert full.json()["marginal_samples_per_s_per_gpu"] and bare.json()["marginal_samples_per_s_per_gpu"] == {}
+    assert full.json()["plan"] == bare.json()["plan"]  # the values are beside the plan, not part of it
+    assert "one more GPU adds" not in cli(*base, "--no-marginal").out

@@ -43,6 +43,8 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=non_negative_seed, default=0, help="simulation seed (default 0)")
     p.add_argument("--solver", choices=("auto", "highs", "cbc"), default="auto", help="MILP solver (default auto)")
     p.add_argument("--no-baselines", action="store_true", help="skip planning and simulating the baselines")
+    p.add_argument("--no-marginal", action="store_true",
+                   help="skip the marginal values (what one more node of each GPU type buys: one MILP per type)")
     p.add_argument("--milp-only", action="store_true",
                    help="the MILP and placement alone (its best solution per network tier, analytic figures): no "
                         "simulation, no re-ranking or refinement, no baselines, no marginal values; the fastest "
@@ -90,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write("planning: solving the MILP, then simulating the top plans and baselines...\n")
     alone = {"top_k": 1, "sim_steps": 0, "baselines": False, "marginal": False, "refine": 0, "explore": 0}
     asked = {"top_k": args.top_k, "sim_steps": args.sim_steps, "baselines": not args.no_baselines,
-             "settle": not args.no_settle}
+             "marginal": not args.no_marginal, "settle": not args.no_settle}
     report = plan_report(cluster, workload, objective=args.objective, budget=args.budget, target=args.target,
                          solver=args.solver, seed=args.seed, cost_model=cost_model(args), framework=args.framework,
                          max_seconds=args.max_seconds, max_simulations=args.max_simulations,
