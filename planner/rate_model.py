@@ -59,9 +59,22 @@ class Solution:
 
 
 
+RATE_HALVINGS = 100  # `_async_rate`'s bisection: at most this many halvings,
+RATE_TOLERANCE = 1e-12  # stopped once its width is this share of the upper end
+
+
+def slope_pieces(engines: tuple[tuple[EngineOption, int], ...]) -> list[tuple[float, float]]:
+    """(slope, width) of every engine's segments, best slope first: what `generation` fills."""
+    return sorted(((slope, width * n) for o, n in engines for width, slope in o.segments), reverse=True)
+
+
 def generation(engines: tuple[tuple[EngineOption, int], ...], in_flight: float) -> float:
     """Samples/s of these engines holding at most `in_flight` samples, spread to the best slopes."""
-    pieces = sorted(((slope, width * n) for o, n in engines for width, slope in o.segments), reverse=True)
+    return fill(slope_pieces(engines), in_flight)
+
+
+def fill(pieces: list[tuple[float, float]], in_flight: float) -> float:
+    """Samples/s of `in_flight` samples spread over sorted `pieces` (slope_pieces), best first."""
     out, left = 0.0, float(in_flight)
     for slope, width in pieces:
         take = min(width, left)
@@ -193,9 +206,9 @@ def _async_rate(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[E
     if not short(hi):
         return hi
     lo = 0.0
-    for _ in range(100):
+    for _ in range(RATE_HALVINGS):
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if short(mid) else (mid, hi)
-        if hi - lo <= 1e-12 * hi:
+        if hi - lo <= RATE_TOLERANCE * hi:
             break
     return lo

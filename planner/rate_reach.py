@@ -13,27 +13,16 @@ The answer is the full computation's, bit for bit (tests/test_rate_reach.py), so
 from __future__ import annotations
 
 from planner.candidates import Candidates, EngineOption, TrainerOption
-
-HALVINGS = 100  # planner.rate_model._async_rate's
-TOLERANCE = 1e-12  # its stopping width, relative to the upper end
+from planner.rate_model import RATE_HALVINGS, RATE_TOLERANCE, fill, slope_pieces
 
 
 def reaches(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...],
             z: float) -> bool:
     """`planner.rate_model.evaluate(cand, trainer, engines, "async")[0] >= z`, exactly."""
-    pieces = sorted(((slope, width * n) for o, n in engines for width, slope in o.segments), reverse=True)
-
-    def generation(in_flight: float) -> float:  # planner.rate_model.generation on the sorted pieces
-        out, left = 0.0, float(in_flight)
-        for slope, width in pieces:
-            take = min(width, left)
-            out, left = out + take * slope, left - take
-            if left <= 0:
-                break
-        return out
+    pieces = slope_pieces(engines)  # sorted once: planner.rate_model.generation sorts at every call
 
     def short(x: float) -> bool:
-        return generation(cand.in_flight_cap(trainer.step_seconds, x)) < x
+        return fill(pieces, cand.in_flight_cap(trainer.step_seconds, x)) < x
 
     hi = trainer.samples_per_s
     if z > hi:  # the rate is never above the training rate
@@ -41,13 +30,13 @@ def reaches(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[Engin
     if not short(hi):  # the rate is the training rate
         return True
     lo = 0.0
-    for _ in range(HALVINGS):
+    for _ in range(RATE_HALVINGS):
         if lo >= z:  # the rate is the last lower end, which only rises
             return True
         if hi < z:  # the lower end never passes the upper one
             return False
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if short(mid) else (mid, hi)
-        if hi - lo <= TOLERANCE * hi:
+        if hi - lo <= RATE_TOLERANCE * hi:
             break
     return lo >= z

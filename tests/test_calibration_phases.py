@@ -50,6 +50,12 @@ SYNC = ("update_weights -91%; not modelled: verl's FSDP -> vLLM resharding (full
 STEP = "step -63%: the sum of the misses above"
 
 
+def _within_20_percent(row_id: str) -> None:
+    c = case(ROWS[row_id])
+    assert not isinstance(c, Skipped), c
+    assert abs(c.error(CM)) < 0.20, f"{row_id} ({ROWS[row_id].unit}): {c.error(CM):+.0%}"
+
+
 @pytest.mark.parametrize("row_id", [
     pytest.param("C53", marks=pytest.mark.xfail(strict=True, reason=GEN)),
     pytest.param("C54", marks=pytest.mark.xfail(strict=True, reason=LOGPROB)),
@@ -58,9 +64,7 @@ STEP = "step -63%: the sum of the misses above"
     pytest.param("C57", marks=pytest.mark.xfail(strict=True, reason=STEP)),
 ])
 def test_published_colocated_step_phases_within_20_percent(row_id: str) -> None:
-    c = case(ROWS[row_id])
-    assert not isinstance(c, Skipped), c
-    assert abs(c.error(CM)) < 0.20, f"{row_id} ({ROWS[row_id].unit}): {c.error(CM):+.0%}"
+    _within_20_percent(row_id)
 
 
 def test_the_phase_rows_are_one_run_predicted_by_simulation() -> None:
@@ -143,9 +147,7 @@ DISAGG = ("vime issue 358 ran on Ascend A3 NPUs (not in the catalog: no cited pe
     pytest.param(i, marks=pytest.mark.xfail(strict=True, reason=DISAGG)) for i in ("C68", "C69", "C70")
 ])
 def test_published_disaggregated_step_phases_within_20_percent(row_id: str) -> None:
-    c = case(ROWS[row_id])
-    assert not isinstance(c, Skipped), c
-    assert abs(c.error(CM)) < 0.20, f"{row_id} ({ROWS[row_id].unit}): {c.error(CM):+.0%}"
+    _within_20_percent(row_id)
 
 
 def test_the_disaggregated_phases_add_up_as_published() -> None:
@@ -177,9 +179,7 @@ RELAX_STEP = "step -42% (2.12 s predicted, 3.652 s logged): the train miss, part
     pytest.param("C77", marks=pytest.mark.xfail(strict=True, reason=RELAX_SYNC)),
 ])
 def test_published_disaggregated_run_simulated_within_20_percent(row_id: str) -> None:
-    c = case(ROWS[row_id])
-    assert not isinstance(c, Skipped), c
-    assert abs(c.error(CM)) < 0.20, f"{row_id} ({ROWS[row_id].unit}): {c.error(CM):+.0%}"
+    _within_20_percent(row_id)
 
 
 def test_relax_rows_add_up_and_wait_holds_the_publication() -> None:

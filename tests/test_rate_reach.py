@@ -9,8 +9,9 @@ import math
 import numpy as np
 import pytest
 
+from planner import milp
 from planner.candidates import candidates
-from planner.milp import _make, settled, solve_async
+from planner.milp import settled, solve_async
 from planner.rate_model import evaluate
 from planner.rate_reach import reaches
 from traces import Cluster, CostModel, Workload, get_model
@@ -32,21 +33,9 @@ FLEETS = [(True, (("H800", 2), ("H20", 1))), (False, (("H800", 1), ("L40S", 2)))
           (True, (("A100-80G", 1), ("L4", 2), ("H20", 1)))]
 
 
-def _settled_in_full(cand, sol, engines):  # type: ignore[no-untyped-def]
-    """planner.milp.settled as it was: the whole rate at every step."""
-    batch = cand.samples_per_step
-
-    def at(z: float):  # type: ignore[no-untyped-def]
-        return tuple((o.derated(batch / z if z > 0 else math.inf), n) for o, n in engines)
-
-    hi = evaluate(cand, sol.trainer, at(0.0), "async")[0]
-    lo = 0.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if mid <= 0 or hi - lo <= 1e-9 * hi:
-            break
-        lo, hi = (mid, hi) if evaluate(cand, sol.trainer, at(mid), "async")[0] >= mid else (lo, mid)
-    return _make(cand, sol.trainer, at(lo), "async", sol.lp_bound, sol.gap) if lo > 0 else sol
+def _full_rate_reaches(cand, trainer, engines, z):  # type: ignore[no-untyped-def]
+    """What planner.milp.settled asked at each step before reaches: the whole rate, compared with z."""
+    return evaluate(cand, trainer, engines, "async")[0] >= z
 
 
 @pytest.mark.parametrize(("interruptible", "gpus"), FLEETS)
@@ -70,12 +59,15 @@ def test_reaches_is_the_full_rate_compared_with_z(interruptible: bool, gpus: tup
 
 
 @pytest.mark.parametrize(("interruptible", "gpus"), FLEETS)
-def test_settled_returns_what_the_full_bisection_returned(interruptible: bool,
-                                                        gpus: tuple[tuple[str, int], ...]) -> None:
+def test_settled_returns_what_the_full_bisection_returned(interruptible: bool, gpus: tuple[tuple[str, int], ...],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     cand = _cand(interruptible, gpus)
     found = solve_async(cand, top_k=3) + solve_async(cand, "cost", target=1.0, top_k=2)
     assert found
     base = {(o.pool, o.tp, o.ep): o for o in cand.engines}
     for sol in found:
         engines = tuple((base[o.pool, o.tp, o.ep], n) for o, n in sol.engines)
-        assert settled(cand, sol, engines) == _settled_in_full(cand, sol, engines)
+        fast = settled(cand, sol, engines)
+        with monkeypatch.context() as m:
+            m.setattr(milp, "reaches", _full_rate_reaches)
+            assert fast == settled(cand, sol, engines)
