@@ -58,7 +58,7 @@ browser:
 		($(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium)
 
 test: $(VENV)/.frameworks browser
-	$(VENV)/bin/ruff check traces sim planner runtime tests bench
+	$(VENV)/bin/ruff check traces sim planner runtime tests bench notebooks
 	$(PY) -m pytest tests
 
 # Executes every notebook and renders it to notebooks/html/ (git-ignored).
@@ -66,7 +66,7 @@ notebooks: $(VENV)/.full
 	$(PY) -m jupyter nbconvert --to html --execute notebooks/*.ipynb --output-dir notebooks/html
 
 lint: $(VENV)/.full
-	$(VENV)/bin/ruff check traces sim planner runtime tests bench
+	$(VENV)/bin/ruff check traces sim planner runtime tests bench notebooks
 
 bench: $(VENV)/.core
 	$(PY) bench/costmodel_speed.py

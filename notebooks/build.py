@@ -18,6 +18,7 @@ Start from the shipped mixed fleet (64 H800, 128 H20, 32 L40S) and the long-tail
 qwen2.5-7b. Each variant adds or removes GPUs or caps the budget; the planner re-plans it
 (MILP, then the simulator re-ranks) and we compare throughput and dollars per 1k samples."""),
     ("code", """import matplotlib.pyplot as plt
+
 from planner import Change, what_if
 from traces import example_cluster, example_workload
 
@@ -55,9 +56,10 @@ The same 16 H800 GPUs run GRPO on qwen2.5-7b three ways: asynchronous and disagg
 engines, 8 trainer GPUs) with a staleness bound eta from 0 to 8, synchronous disaggregated, and
 colocated synchronous (all 16 GPUs alternate). Short fixed responses against long-tailed ones."""),
     ("code", """import pandas as pd
+
+from planner.plots import throughput_curve
 from sim import simulate
 from sim.plots import gantt, staleness_histogram
-from planner.plots import throughput_curve
 from traces import Cluster, Plan, RolloutGroup, TrainerGroup, Workload, get_model
 from traces.lengths import LengthDist
 
@@ -97,7 +99,7 @@ frame.pivot_table(index=["lengths", "mode"], columns="eta", values="samples_per_
     sync_like = part[part["mode"] != "async"]
     curve = pd.concat([part[part["mode"] == "async"],
                        *[pd.DataFrame({"mode": m, "eta": [0, 8], "samples_per_s": [v, v]})
-                         for m, v in zip(sync_like["mode"], sync_like.samples_per_s)]])
+                         for m, v in zip(sync_like["mode"], sync_like.samples_per_s, strict=True)]])
     throughput_curve(curve, "eta", series="mode", xlabel="staleness bound eta",
                      title=f"Throughput against eta: {name}")"""),
     ("md", "How stale the trained tokens were (async, eta = 4):"),
@@ -116,6 +118,7 @@ For a range of throughput targets, the cheapest plan on the shipped mixed fleet,
 cheapest plan on fleets of one GPU type (each with the same number of GPUs of that type as the
 mixed fleet has in total). Analytic figures from the MILP (no simulation), so this is quick."""),
     ("code", """import pandas as pd
+
 from planner import pareto
 from planner.plots import pareto_frontier
 from traces import Cluster, example_cluster, example_workload
@@ -128,7 +131,8 @@ for group in cluster.node_groups:
     alone = Cluster(name=group.gpu_type, node_groups=(group.model_copy(update={"nodes": nodes}),))
     frontiers[group.gpu_type] = pareto(alone, workload, points=8)
 frontiers["mixed fleet"]"""),
-    ("code", """pareto_frontier(frontiers, title="Cheapest $/h for each throughput, mixed fleet and one-type fleets");"""),
+    ("code", """pareto_frontier(frontiers,
+                title="Cheapest $/h for each throughput, mixed fleet and one-type fleets");"""),
     ("md", "The cheapest fleet per target (analytic $/h):"),
     ("code", """best = []
 for name, frame in frontiers.items():
@@ -155,6 +159,7 @@ To make your own on any machine:
     rlfleet fidelity my-run --profile my-profile.csv"""),
     ("code", """import matplotlib.pyplot as plt
 import pandas as pd
+
 from sim.fidelity import predict_run
 from sim.plots import gantt
 from traces import CostModel, ProfileTable
@@ -215,6 +220,7 @@ figures from the MILP (no simulation, so this is quick: tests/test_agentic_plann
 agentic rate within 15% of the simulator's)."""),
     ("code", """import matplotlib.pyplot as plt
 import pandas as pd
+
 from planner.candidates import candidates
 from planner.milp import solve
 from traces import Cluster, CostModel, example_cluster
@@ -297,8 +303,9 @@ def build() -> list[Path]:
     written = []
     for name, cells in NOTEBOOKS.items():
         nb = nbformat.v4.new_notebook()
-        nb.cells = [nbformat.v4.new_markdown_cell(src) if kind == "md" else nbformat.v4.new_code_cell(src)
-                    for kind, src in cells]
+        # ids from the cell's place, not nbformat's random ones: rebuilding an unchanged notebook changes nothing
+        nb.cells = [nbformat.v4.new_markdown_cell(src, id=f"{name}-{i}") if kind == "md"
+                    else nbformat.v4.new_code_cell(src, id=f"{name}-{i}") for i, (kind, src) in enumerate(cells)]
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         path = HERE / f"{name}.ipynb"
         nbformat.write(nb, path)
