@@ -213,7 +213,8 @@ def k6_step(cm: CostModel, sigma: float = 0.7, steps: int = 6) -> float:
 
 # Runs written down in full (cluster, workload, plan) under traces/data/runs/, by their rows' `run`.
 RUN_DIRS = {"verl-7412-qwen3-4b": "verl-qwen3-4b-4x4090",
-            "relax-task22-qwen3-0.6b": "relax-qwen3-0.6b-2xrtxpro6000"}
+            "relax-task22-qwen3-0.6b": "relax-qwen3-0.6b-2xrtxpro6000",
+            "verl-retool-qwen2.5-32b": "verl-retool-qwen2.5-32b-8xh200"}
 # A row's unit -> the phases of sim.breakdown it sums (verl's timing_s/gen is the trainer's wait in sync modes).
 PHASE_OF_UNIT = {"gen_s": ("wait",), "logprob_s": ("logprob",), "train_s": ("train",), "sync_s": ("sync",),
                  "step_s": ("step",)}
@@ -221,7 +222,12 @@ PHASE_OF_UNIT = {"gen_s": ("wait",), "logprob_s": ("logprob",), "train_s": ("tra
 # train_wait + train_time) publishes the weights inside the trainer's wait: the end-to-end interval between
 # actor completions (3.636 s) equals perf/step_time (3.652 s) while a publication takes 0.650 s, so the
 # logged train_wait is rlfleet's wait plus its sync (benchmarks/results/task22-hybrid-async-text @d8743b9).
-RUN_PHASE_OF_UNIT = {"relax-task22-qwen3-0.6b": {"gen_s": ("wait", "sync")}}
+# The ReTool run's verl (github:bojieli/verl @124e60a) wakes the engines inside its gen timer: the agent loop's
+# generate_sequences calls wake_up, whose rollout_mode loads the offloaded FSDP weights and pushes them into
+# vLLM, and puts the engines back to sleep before the timer ends (verl/experimental/agent_loop/agent_loop.py,
+# verl/workers/fsdp_workers.py there), so its timing_s/gen holds the hand-overs and the weight push.
+RUN_PHASE_OF_UNIT = {"relax-task22-qwen3-0.6b": {"gen_s": ("wait", "sync")},
+                     "verl-retool-qwen2.5-32b": {"gen_s": ("wait", "switch", "sync")}}
 _RUN_STEPS = 4
 # Runs simulated for longer: an async run's steps come in periods of staleness + 1 (traces.records.
 # recommended_steps), and 4 steps hold less than one steady period at staleness 2.
@@ -230,7 +236,9 @@ RUN_STEPS = {"relax-task22-qwen3-0.6b": 48}
 # engine setting, not a plan field, so the run is priced with it in place of the cost model's 0.9.
 # verl: `actor_rollout_ref.rollout.gpu_memory_utilization: 0.5` (github.com/verl-project/verl
 # @005f273, verl/trainer/config/rollout/rollout.yaml).
-RUN_ENGINE_SHARE = {"verl-7412-qwen3-4b": 0.5}
+# The ReTool run's script sets actor_rollout_ref.rollout.gpu_memory_utilization=0.9 (github:bojieli/verl
+# recipe/retool/run_qwen2-32b_dapo.sh @124e60a).
+RUN_ENGINE_SHARE = {"verl-7412-qwen3-4b": 0.5, "verl-retool-qwen2.5-32b": 0.9}
 
 
 def run_phases(run: str, cm: CostModel) -> dict[str, float]:
