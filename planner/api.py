@@ -109,13 +109,17 @@ def plan_report(
         mode: Mode = workload.mode
         if sim_steps > 0 or marginal:  # workers for simulations and independent MILPs (not for the MILP alone)
             search.sims.start(cm)
-        ahead = ask_ahead(search, mode, budget) if marginal else None  # beside the search (planner.marginal)
         found = [(cand, s) for s in search.solve(cand, mode, top_k)]
         whole = deadline.hit is None  # the request's MILP ran to the end: its answer is the marginal values' base
+        # the request's own MILP answered the marginal values' base question unless it asked another;
+        # its rate is where the kinds' fixed points start (planner.marginal)
+        same = objective == "throughput" and target is None and not framework and whole and bool(found)
+        start = found[0][1].samples_per_s if same else None
         if not found:
             if deadline.hit:
                 raise deadline.nothing_found()
             explain_empty(cm, cluster, workload, cand, mode, objective, budget, target, solver)
+        ahead = ask_ahead(search, mode, budget, start) if marginal else None  # beside the search
         found += without_slow_links(search, top_k)
         t1 = time.perf_counter()
         with bar(len(found), "simulating the top plans", unit="plan") as progress:
@@ -144,10 +148,7 @@ def plan_report(
         # samples (planner.tail_model.race; too slow to price every candidate, so the MILP ranks on its slopes)
         chosen = dataclasses.replace(chosen, solution=raced(chosen.cand, chosen.solution))
         t3 = time.perf_counter()
-        # the request's own MILP answered the marginal values' base question unless it asked another
-        same = objective == "throughput" and target is None and not framework and whole
-        values = (marginal_values(search, mode, budget, found[0][1].samples_per_s if same else None, ahead)
-                  if marginal else {})
+        values = marginal_values(search, mode, budget, start, ahead, start) if marginal else {}
         t4 = time.perf_counter()
         seconds = {"solve": t1 - t0, "simulate": t2 - t1, "baselines": t3 - t2, "marginal": t4 - t3}
         predicted = {"samples_per_s": chosen.samples_per_s, "analytic_samples_per_s": chosen.solution.samples_per_s,

@@ -59,7 +59,8 @@ def solver_for(framework: str) -> Solver:
         raise ValueError(f"unknown framework {framework!r}")
 
     def restricted(cand: Candidates, mode: Mode, objective: Objective, budget: float | None, target: float | None,
-                   top_k: int, solver_name: str = "auto", deadline: Deadline | None = None) -> list[Solution]:
+                   top_k: int, solver_name: str = "auto", deadline: Deadline | None = None,
+                   start_rate: float | None = None) -> list[Solution]:
         if mode == "colocated":  # already one engine kind on the trainer's whole nodes
             return solve(cand, mode, objective, budget, target, top_k, solver_name, deadline)
         found: list[Solution] = []
@@ -73,7 +74,7 @@ def solver_for(framework: str) -> Solver:
             if not trainers:
                 continue
             sub = dataclasses.replace(cand, engines=(_scaled(option, k),), trainers=trainers)
-            for s in solve(sub, mode, objective, budget, target, top_k, solver_name, deadline):
+            for s in solve(sub, mode, objective, budget, target, top_k, solver_name, deadline, start_rate):
                 found.append(dataclasses.replace(s, engines=tuple((_unscaled(o, k), n * k) for o, n in s.engines)))
         if objective == "throughput":
             found.sort(key=lambda s: (-s.samples_per_s, s.cost_per_hour))

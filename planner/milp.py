@@ -219,8 +219,12 @@ def _chosen(cand: Candidates, model: _Model) -> tuple[int, tuple[tuple[EngineOpt
 
 def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget: float | None = None,
                 target: float | None = None, top_k: int = 1, solver_name: str = "auto",
-                deadline: Deadline | None = None) -> list[Solution]:
-    """solve_async_fixed with the update derating (interruptible pause, or drain) at its fixed point."""
+                deadline: Deadline | None = None, start_rate: float | None = None) -> list[Solution]:
+    """solve_async_fixed with the update derating (interruptible pause, or drain) at its fixed point.
+
+    `start_rate`: a rate near the answer's (a neighbouring fleet's), where the fixed point starts instead
+    of at no derating: a round whose rate is within 1% of it ends the search (issue 19: one MILP per
+    marginal value instead of three or four)."""
     kw = {"budget": budget, "target": target, "solver_name": solver_name, "deadline": deadline}
     if not any(o.update_seconds for o in cand.engines):
         return solve_async_fixed(cand, objective, top_k=top_k, **kw)  # type: ignore[arg-type]
@@ -231,6 +235,8 @@ def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget
         period = cand.samples_per_step / target
     else:
         period, last = math.inf, 0.0
+        if start_rate is not None and start_rate > 0:
+            period, last = cand.samples_per_step / start_rate, start_rate
         for _ in range(FIXED_POINT_ROUNDS):
             if deadline is not None and deadline.expired("the interruptible fixed point"):
                 break
@@ -433,11 +439,13 @@ def _best(found: list[Solution], objective: Objective, top_k: int, budget: float
 
 
 def solve(cand: Candidates, mode: Mode, objective: Objective, budget: float | None, target: float | None,
-          top_k: int, solver_name: str = "auto", deadline: Deadline | None = None) -> list[Solution]:
-    """The best `top_k` plans of a mode: the async MILP, or the exact on-policy enumerations."""
+          top_k: int, solver_name: str = "auto", deadline: Deadline | None = None,
+          start_rate: float | None = None) -> list[Solution]:
+    """The best `top_k` plans of a mode: the async MILP (its fixed point from `start_rate`, see
+    solve_async), or the exact on-policy enumerations."""
     kw = {"budget": budget, "target": target, "top_k": top_k, "solver_name": solver_name, "deadline": deadline}
     if mode == "async":
-        return solve_async(cand, objective, **kw)  # type: ignore[arg-type]
+        return solve_async(cand, objective, start_rate=start_rate, **kw)  # type: ignore[arg-type]
     if mode == "sync":
         return solve_sync(cand, objective, **kw)  # type: ignore[arg-type]
     return solve_colocated(cand, objective, budget=budget, target=target, top_k=top_k)

@@ -86,6 +86,7 @@ class SolveJob:
     framework: str | None = None
     fleet: tuple[CostModel, Cluster, Workload] | None = None  # (cost model, fleet, job) when `cand` is None
     inherited: int | None = None  # the id of the worker's inherited cost model, used for `fleet`'s placeholder
+    start_rate: float | None = None  # where the async fixed point starts (planner.milp.solve_async)
 
 
 def solve_job(job: SolveJob) -> tuple[list[Solution], str | None]:
@@ -103,7 +104,8 @@ def _solve_here(job: SolveJob) -> tuple[list[Solution], str | None]:
         # the inherited cost model: no tables pickled, and its engine curves known (planner.memo)
         cand = candidates(cm if job.inherited is None else _INHERITED[job.inherited], cluster, workload)
     fn = solver_for(job.framework) if job.framework else solve
-    found = fn(cand, job.mode, job.objective, job.budget, job.target, job.top_k, job.solver, deadline=job.deadline)
+    found = fn(cand, job.mode, job.objective, job.budget, job.target, job.top_k, job.solver, deadline=job.deadline,
+               start_rate=job.start_rate)
     return found, job.deadline.hit if job.deadline is not None else None
 
 

@@ -86,7 +86,8 @@ def refine_trainer(search: Search, ranked: tuple[Scored, ...], rounds: int) -> t
                    if o.pool == t.pool and o.nodes in near and (id(cand), o.pool, o.nodes) not in seen]
         seen.update((id(cand), o.pool, o.nodes) for o in options)
         # a round's neighbours depend on its start alone: solved, then simulated, side by side
-        answers = search.solve_many([(dataclasses.replace(cand, trainers=(o,)), best.solution.mode, 1, {})
+        near_rate = {"start_rate": best.solution.samples_per_s}  # the fixed points start near their answers
+        answers = search.solve_many([(dataclasses.replace(cand, trainers=(o,)), best.solution.mode, 1, near_rate)
                                      for o in options])
         found = [a[0] for a in answers if a]
         first = len(out) - len(ranked) + 1
@@ -200,7 +201,8 @@ def explore_engines(search: Search, ranked: tuple[Scored, ...], rounds: int) -> 
             if not engines or search.deadline.expired("the engine-mix search"):
                 continue
             moves.append((trial, dataclasses.replace(cand, engines=engines, trainers=(trainer,))))
-        answers = search.solve_many([(c, mode, 1, {}) for _, c in moves])  # independent MILPs side by side
+        near_rate = {"start_rate": start.solution.samples_per_s}  # the fixed points start near their answers
+        answers = search.solve_many([(c, mode, 1, near_rate) for _, c in moves])  # independent MILPs side by side
         trials: list[tuple[dict[int, int], Solution | None]] = [
             (trial, found[0] if found else None) for (trial, _), found in zip(moves, answers, strict=True)]
         framework = search.framework

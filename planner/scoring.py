@@ -104,29 +104,33 @@ class Search:
     _solved: dict[tuple[object, ...], list[Solution]] = field(default_factory=dict, repr=False)
 
     def solve(self, cand: Candidates, mode: Mode, top_k: int = 1, *, objective: Objective | None = None,
-              restricted: bool = True, bounded: bool = True, **override: float | None) -> list[Solution]:
+              restricted: bool = True, bounded: bool = True, start_rate: float | None = None,
+              **override: float | None) -> list[Solution]:
         """The request's MILP under its bounds: its objective, budget and target unless `objective`,
         `budget=` or `target=` say otherwise (None: no budget, no target); `restricted=False`
         ignores a --framework restriction (the baselines are free plans); `bounded=False` solves
-        to the end whatever the request's clock (a figure that must not be cut short)."""
+        to the end whatever the request's clock (a figure that must not be cut short); `start_rate`:
+        where the async fixed point starts (planner.milp.solve_async)."""
         key, job = self._question(cand, mode, top_k, objective=objective, restricted=restricted, bounded=bounded,
-                                  **override)
+                                  start_rate=start_rate, **override)
         if key in self._solved:  # the same MILP again (a search's neighbour, a baseline): one answer
             return list(self._solved[key])
         fn = self.solve_fn if restricted else solve
-        found = fn(cand, mode, job.objective, job.budget, job.target, top_k, self.solver, deadline=job.deadline)
+        found = fn(cand, mode, job.objective, job.budget, job.target, top_k, self.solver, deadline=job.deadline,
+                   start_rate=start_rate)
         return self._keep(key, found, bounded)
 
     def _question(self, cand: Candidates, mode: Mode, top_k: int, *, objective: Objective | None = None,
-                  restricted: bool = True, bounded: bool = True, **override: float | None
-                  ) -> tuple[tuple[object, ...], SolveJob]:
+                  restricted: bool = True, bounded: bool = True, start_rate: float | None = None,
+                  **override: float | None) -> tuple[tuple[object, ...], SolveJob]:
         """`solve`'s cache key and the MILP it asks (as a SolveJob a worker can run)."""
         budget = override.get("budget", self.budget)
         target = override.get("target", self.target)
         fn = self.solve_fn if restricted else solve
-        key = (cand, mode, objective or self.objective, budget, target, top_k, fn)
+        key = (cand, mode, objective or self.objective, budget, target, top_k, fn, start_rate)
         return key, SolveJob(cand, mode, objective or self.objective, budget, target, top_k, self.solver,
-                             self.deadline if bounded else None, self.framework if restricted else None)
+                             self.deadline if bounded else None, self.framework if restricted else None,
+                             start_rate=start_rate)
 
     def _keep(self, key: tuple[object, ...], found: list[Solution], bounded: bool) -> list[Solution]:
         if not bounded or self.deadline.hit is None:  # an answer cut short by the bounds is not the MILP's

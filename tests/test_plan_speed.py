@@ -66,6 +66,32 @@ def test_a_settled_fixed_point_returns_what_solving_it_again_gives() -> None:
     assert one[0].lp_bound >= one[0].samples_per_s * (1 - 1e-6)
 
 
+
+def test_a_fixed_point_started_at_its_answer_settles_in_one_round(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`start_rate` (a neighbouring fleet's rate, as the marginal values and the climbs pass it): started
+    at the cold fixed point's own rate, one MILP round settles it, on the same plan and rate; started far
+    off, the rounds still reach that plan."""
+    import pulp
+
+    cand = Search(CM, _fleet(), _workload(), "throughput", None, None, "auto", 0, 0).candidates()
+    mips: list[bool] = []  # each solve PuLP is asked: integer (a round, or a further answer) or the LP bound
+    solve_once = pulp.LpProblem.solve
+
+    def counted(prob, solver=None, **kw):  # type: ignore[no-untyped-def]
+        mips.append(bool(solver.mip))
+        return solve_once(prob, solver, **kw)
+
+    monkeypatch.setattr(pulp.LpProblem, "solve", counted)
+    cold = solve_async(cand, top_k=1)
+    cold_mips = mips.count(True)
+    mips.clear()
+    warm = solve_async(cand, top_k=1, start_rate=cold[0].samples_per_s)
+    assert cold_mips >= 2 and mips.count(True) == 1
+    assert (warm[0].trainer, warm[0].engines) == (cold[0].trainer, cold[0].engines)
+    assert warm[0].samples_per_s == pytest.approx(cold[0].samples_per_s, rel=1e-9)
+    far = solve_async(cand, top_k=1, start_rate=cold[0].samples_per_s * 3)
+    assert (far[0].trainer, far[0].engines) == (cold[0].trainer, cold[0].engines)
+
 def test_a_placement_reached_twice_is_simulated_once() -> None:
     search = Search(CM, _fleet(), _workload(), "throughput", None, None, "auto", 3, 0)
     cand = search.candidates()
