@@ -226,8 +226,18 @@ PHASE_OF_UNIT = {"gen_s": ("wait",), "logprob_s": ("logprob",), "train_s": ("tra
 # generate_sequences calls wake_up, whose rollout_mode loads the offloaded FSDP weights and pushes them into
 # vLLM, and puts the engines back to sleep before the timer ends (verl/experimental/agent_loop/agent_loop.py,
 # verl/workers/fsdp_workers.py there), so its timing_s/gen holds the hand-overs and the weight push.
-RUN_PHASE_OF_UNIT = {"relax-task22-qwen3-0.6b": {"gen_s": ("wait", "sync")},
-                     "verl-retool-qwen2.5-32b": {"gen_s": ("wait", "switch", "sync")}}
+# verl issue 7412's verl (its log has timing_s/update_weights, the CheckpointEngineManager's timer, and
+# timing_s/agent_loop/*) puts engine sleep and engine wake-up in different timers: `gen` runs the agent
+# loop's generate_sequences, then checkpoint_manager.sleep_replicas (the hand-over to the trainer);
+# `update_weights` resumes the engine's weights, pushes the trainer's, and resumes its KV cache (the
+# hand-over back, then the push) (verl/trainer/ppo/ray_trainer.py and verl/workers/engine_workers.py
+# update_weights, github:verl-project/verl @bf48903d9, the issue's day). The simulator prices the two
+# hand-overs alike (two `switch` rows a step, CostModel.colocate_switch each), so each timer gets half
+# ((phase, share) entries take that share of a phase).
+RUN_PHASE_OF_UNIT: dict[str, dict[str, tuple[str | tuple[str, float], ...]]] = {
+    "relax-task22-qwen3-0.6b": {"gen_s": ("wait", "sync")},
+    "verl-retool-qwen2.5-32b": {"gen_s": ("wait", "switch", "sync")},
+    "verl-7412-qwen3-4b": {"gen_s": ("wait", ("switch", 0.5)), "sync_s": (("switch", 0.5), "sync")}}
 _RUN_STEPS = 4
 # Runs simulated for longer: an async run's steps come in periods of staleness + 1 (traces.records.
 # recommended_steps), and 4 steps hold less than one steady period at staleness 2.
@@ -269,8 +279,9 @@ def _rl_step(row: CalibrationRow) -> Callable[[CostModel], float] | str:
         return k6_step
     if row.run in RUN_DIRS and row.unit in PHASE_OF_UNIT:
         run = row.run
-        phases = RUN_PHASE_OF_UNIT.get(run, {}).get(row.unit, PHASE_OF_UNIT[row.unit])
-        return lambda cm: sum(run_phases(run, cm)[p] for p in phases)
+        shares = [(p, 1.0) if isinstance(p, str) else p
+                  for p in RUN_PHASE_OF_UNIT.get(run, {}).get(row.unit, PHASE_OF_UNIT[row.unit])]
+        return lambda cm: sum(share * run_phases(run, cm)[p] for p, share in shares)
     return "the setup's generation/trainer split and response lengths are not published"
 
 
