@@ -77,7 +77,8 @@ def test_the_settled_round_ranks_as_the_same_milp_solved_afresh() -> None:
     cand = _cand()
     assert any(o.update_seconds for o in cand.engines)  # interruptible: the fixed point runs
     got = milp.solve_async(cand, top_k=3)
-    period, last = math.inf, 0.0
+    start = milp.lp_bound(cand, "throughput", None, None)  # where a search given no start rate starts
+    period, last = cand.samples_per_step / start, start
     for _ in range(milp.FIXED_POINT_ROUNDS):  # the rounds, one fresh MILP each
         derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
         rate = milp.solve_async_fixed(derated, top_k=1, bound=False)[0].samples_per_s
