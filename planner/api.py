@@ -108,7 +108,7 @@ def plan_report(
         cand = search.candidates()  # the cost tables loaded before the workers fork: they inherit them
         mode: Mode = workload.mode
         if sim_steps > 0 or marginal:  # workers for simulations and independent MILPs (not for the MILP alone)
-            search.sims.start(cm)
+            search.sims.start(cm, warm=sim_steps > 0)
         found = [(cand, s) for s in search.solve(cand, mode, top_k)]
         whole = deadline.hit is None  # the request's MILP ran to the end: its answer is the marginal values' base
         # the request's own MILP answered the marginal values' base question unless it asked another;

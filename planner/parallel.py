@@ -35,6 +35,7 @@ from planner.executors import cores, in_sweep_worker
 from planner.frameworks import solver_for
 from planner.milp import Mode, Objective, Solution, solve
 from sim import SimResult, simulate
+from sim.warm_up import warm_up
 from traces import Cluster, CostModel, Plan, SpecError, Workload
 
 T = TypeVar("T")
@@ -208,15 +209,21 @@ class Simulations:
             else pool.submit(run_job, j) for j in jobs]
         return [f.result() for f in futures]
 
-    def start(self, cm: CostModel | None = None) -> None:
+    def start(self, cm: CostModel | None = None, warm: bool = False) -> None:
         """Fork the workers now (all of them: a fork start method spawns the whole pool at the first
         submission), while the request runs no threads of its own; they inherit `cm`, which the
-        request's simulations then name by id instead of pickling it (1 MB of tables) per job."""
+        request's simulations then name by id instead of pickling it (1 MB of tables) per job.
+        `warm`: each worker first loads the simulator's compiled kernels (sim.warm_up), while this
+        process goes on (its own MILP), not waited for."""
         if self.workers == 1 or self._pool is not None:
             return
         if cm is not None:
             _INHERITED[id(cm)] = self._inherit = cm
-        self._executor().submit(_ready).result()
+        pool = self._executor()
+        pool.submit(_ready).result()
+        if warm:
+            for _ in range(self.workers):  # idle workers take one each
+                pool.submit(warm_up)
 
     def inherited(self, cm: CostModel) -> int | None:
         """The id a job may name `cm` by, if this pool's workers inherited it (`start`)."""
