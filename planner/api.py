@@ -148,8 +148,7 @@ def plan_report(
         # samples (planner.tail_model.race; too slow to price every candidate, so the MILP ranks on its slopes)
         chosen = dataclasses.replace(chosen, solution=raced(chosen.cand, chosen.solution))
         t3 = time.perf_counter()
-        # `start` twice: the fleet's best (None: solved there) and where the kinds' fixed points start
-        values = marginal_values(search, mode, budget, start, ahead, start) if marginal else {}
+        values = marginal_values(search, mode, budget, start, ahead) if marginal else {}
         t4 = time.perf_counter()
         seconds = {"solve": t1 - t0, "simulate": t2 - t1, "baselines": t3 - t2, "marginal": t4 - t3}
         predicted = {"samples_per_s": chosen.samples_per_s, "analytic_samples_per_s": chosen.solution.samples_per_s,

@@ -72,11 +72,13 @@ def _fleets(cluster: Cluster) -> dict[str, tuple[Cluster, int]]:
 
 
 def marginal_values(search: Search, mode: Mode, budget: float | None, base: float | None = None,
-                    ahead: Ahead | None = None, start_rate: float | None = None) -> dict[str, float]:
+                    ahead: Ahead | None = None) -> dict[str, float]:
     """Samples/s gained per GPU if each kind of node had one more (see the module docstring);
-    `base`: the fleet's best if the caller already has it (the same MILP's answer); `ahead`: the
-    kinds' MILPs as `ask_ahead` submitted them; `start_rate`: where the kinds' fixed points start
-    (as `ask_ahead` was given it: the values are the same with workers or without)."""
+    `base`: the fleet's best if the caller already has it (the same MILP's answer), which is also
+    where the kinds' fixed points start, as `ask_ahead` was given it (so the values are the same with
+    workers or without; None: solved here, and the kinds start cold); `ahead`: the kinds' MILPs as
+    `ask_ahead` submitted them."""
+    start_rate = base
     if base is None:
         base = fleet_best(search, search.cluster, mode, budget)
     more = _fleets(search.cluster)

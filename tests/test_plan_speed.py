@@ -66,7 +66,6 @@ def test_a_settled_fixed_point_returns_what_solving_it_again_gives() -> None:
     assert one[0].lp_bound >= one[0].samples_per_s * (1 - 1e-6)
 
 
-
 def test_a_fixed_point_started_at_its_answer_settles_in_one_round(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """`start_rate` (a neighbouring fleet's rate, as the marginal values and the climbs pass it): started
     at the cold fixed point's own rate, one MILP round settles it, on the same plan and rate; started far
