@@ -207,8 +207,9 @@ def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget
         period = cand.samples_per_step / target
     else:
         period, last = math.inf, 0.0
-        if start_rate is None and objective == "throughput":  # none given: the LP relaxation's, no derating
-            start_rate = lp_bound(cand, objective, budget, target, solver_name, deadline)
+        if start_rate is None and objective == "throughput":  # none given: the LP relaxation's fixed point
+            ranking = _Ranking(cand, objective, budget, target, solver_name, deadline)  # (derated at inf: cand)
+            start_rate = _relaxed_fixed_point(cand, ranking, deadline)
         if start_rate is not None and start_rate > 0:
             period, last = cand.samples_per_step / start_rate, start_rate
         for _ in range(FIXED_POINT_ROUNDS):
@@ -229,16 +230,32 @@ def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget
             period, last = cand.samples_per_step / rate, rate
     if last_round is not None:  # the last round's MILP is the answer's (deterministic): its bound, more answers
         derated, ranking = last_round
-        found = ranking.top(top_k, lp_bound(derated, objective, budget, target, solver_name, deadline))
+        found = ranking.top(top_k, ranking.relaxation())
     else:
         derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
         if ranking is not None:  # the rounds' MILP at the period they reached
             ranking.reslope(derated)
-            found = ranking.top(top_k, lp_bound(derated, objective, budget, target, solver_name, deadline))
+            found = ranking.top(top_k, ranking.relaxation())
         else:
             found = solve_async_fixed(derated, objective, top_k=top_k, **kw)  # type: ignore[arg-type]
     base = {id(d): o for d, o in zip(derated.engines, cand.engines, strict=True)}
     return [settled(cand, s, tuple((base[id(o)], n) for o, n in s.engines)) for s in found]
+
+
+def _relaxed_fixed_point(cand: Candidates, ranking: _Ranking, deadline: Deadline | None) -> float:
+    """The fixed point's rate on the LP relaxation (LPs, where each MILP round costs its root's cuts):
+    an upper bound on the MILP's within its integrality gap, so the MILP rounds that start there
+    mostly settle in one (issue 19)."""
+    rate = ranking.relaxation()  # no derating
+    for _ in range(FIXED_POINT_ROUNDS):
+        if not rate > 0 or (deadline is not None and deadline.expired("the interruptible fixed point")):
+            break
+        period = cand.samples_per_step / rate
+        ranking.reslope(dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines)))
+        last, rate = rate, ranking.relaxation()
+        if abs(rate - last) <= 0.01 * rate:
+            break
+    return rate
 
 
 def settled(cand: Candidates, sol: Solution, engines: tuple[tuple[EngineOption, int], ...]) -> Solution:
@@ -293,6 +310,7 @@ class _Ranking:
     def __init__(self, cand: Candidates, objective: Objective, budget: float | None, target: float | None,
                  solver_name: str, deadline: Deadline | None) -> None:
         self.cand, self.solver_name, self.deadline = cand, solver_name, deadline
+        self._question = (objective, budget, target)
         self.found: list[Solution] = []
         self.picked: list[int] = []  # each answer's trainer option, cut off (lazily) before the next solve
         self.cuts = 0
@@ -325,6 +343,17 @@ class _Ranking:
                                     _proven_gap(self.model)))
             self.picked.append(k)
         return [dataclasses.replace(s, lp_bound=bound_value) for s in self.found[:top_k]]
+
+    def relaxation(self) -> float:
+        """lp_bound of this MILP's options: the same model solved without integrality, before any
+        no-good cut (the LP lp_bound builds afresh, column for column: the same value, one build fewer)."""
+        assert self.cuts == 0, "a MILP with no-good cuts is not its options' relaxation"
+        if self.model is None:
+            return lp_bound(self.cand, *self._question, self.solver_name, self.deadline)
+        if not _solve(self.model, self.solver_name, relax=True):
+            return math.nan
+        value = self.model.z.varValue if self._question[0] == "throughput" else pulp.value(self.model.prob.objective)
+        return float(value)
 
     def reslope(self, cand: Candidates) -> None:
         """This MILP for `cand`, the same options at another period's derating (the fixed point's

@@ -71,14 +71,40 @@ def test_a_solve_runs_where_highs_was_started_with_more_threads() -> None:
     assert _in_fresh_thread(after_outside) == fresh
 
 
+def _relaxed_start(cand: Candidates) -> tuple[float, float]:
+    """Where a search given no start rate starts: the fixed point of the LP relaxation, each round a
+    fresh lp_bound at the last round's derating."""
+    rate = milp.lp_bound(cand, "throughput", None, None)
+    for _ in range(milp.FIXED_POINT_ROUNDS):
+        derated = dataclasses.replace(cand, engines=tuple(o.derated(cand.samples_per_step / rate)
+                                                          for o in cand.engines))
+        last, rate = rate, milp.lp_bound(derated, "throughput", None, None)
+        if abs(rate - last) <= 0.01 * rate:
+            break
+    return cand.samples_per_step / rate, rate
+
+
+def test_a_ranking_relaxation_is_lp_bound_of_its_options() -> None:
+    """_Ranking.relaxation solves its own model without integrality: lp_bound's value, at the start
+    and after a reslope to another period's derating."""
+    cand = _cand()
+    ranking = milp._Ranking(cand, "throughput", None, None, "auto", None)
+    assert ranking.relaxation() == milp.lp_bound(cand, "throughput", None, None)
+    derated = dataclasses.replace(cand, engines=tuple(o.derated(cand.samples_per_step / 5.0) for o in cand.engines))
+    ranking.reslope(derated)
+    relaxed = ranking.relaxation()
+    assert relaxed == milp.lp_bound(derated, "throughput", None, None)
+    assert relaxed < milp.lp_bound(cand, "throughput", None, None)  # a short period loses rate to updates
+    assert ranking.top(1, math.nan)[0].samples_per_s <= relaxed * (1 + 1e-9)  # the MILP is under its LP
+
+
 def test_the_settled_round_ranks_as_the_same_milp_solved_afresh() -> None:
     """solve_async continues the fixed point's settled round for its top-k: the answers of that
     MILP solved again from scratch at the settled period."""
     cand = _cand()
     assert any(o.update_seconds for o in cand.engines)  # interruptible: the fixed point runs
     got = milp.solve_async(cand, top_k=3)
-    start = milp.lp_bound(cand, "throughput", None, None)  # where a search given no start rate starts
-    period, last = cand.samples_per_step / start, start
+    period, last = _relaxed_start(cand)
     for _ in range(milp.FIXED_POINT_ROUNDS):  # the rounds, one fresh MILP each
         derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
         rate = milp.solve_async_fixed(derated, top_k=1, bound=False)[0].samples_per_s
