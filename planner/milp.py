@@ -193,10 +193,11 @@ def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget
     """solve_async_fixed with the update derating (interruptible pause, or drain) at its fixed point.
 
     `start_rate`: a rate near the answer's (a neighbouring fleet's), where the fixed point starts: a
-    round whose rate is within 1% of it ends the search. Without one, a throughput search starts at the
-    LP relaxation's rate with no derating, an LP where the first round used to be a MILP (issue 19: one
-    MILP round per marginal value or climb step instead of three; same answers on the shipped examples
-    and 10 random fleets)."""
+    round whose rate is within 1% of it ends the search (issue 19: one MILP round per marginal value or
+    climb step instead of three). Without one, a throughput search starts at the fixed point of the LP
+    relaxation (_relaxed_fixed_point: LP rounds where each MILP round costs its root's cuts), and its
+    MILP rounds mostly settle in one. Same answers on the shipped examples and 10 random fleets
+    (bench/same_plans.py)."""
     kw = {"budget": budget, "target": target, "solver_name": solver_name, "deadline": deadline}
     if not any(o.update_seconds for o in cand.engines):
         return solve_async_fixed(cand, objective, top_k=top_k, **kw)  # type: ignore[arg-type]
