@@ -31,6 +31,7 @@ from sim.controller import Controller
 from sim.decode_plans import Batch, DecodeCut, DecodePlan
 from sim.decode_tables import DecodeTable, PrefillCurve
 from sim.fleet_state import EngineTable, Resume
+from sim.kernels.preemption import preempt
 from sim.recorder import Recorder
 from sim.segment import Segment, prepare
 
@@ -395,19 +396,17 @@ class Engine:
             self.controller.request_dispatch()
 
     def _preempt(self) -> None:
-        """vLLM-style recompute preemption: while the KV cache overflows, the newest sample leaves."""
-        s = self.samples
-        while self.context > self.kv_tokens and len(self.batch) > 1:
-            i = int(np.lexsort((self.batch.sid, self.batch.joined))[-1])  # newest joined, then highest id
-            sid, joined = int(self.batch.sid[i]), int(self.batch.joined[i])
-            self.batch = self.batch.without(np.arange(len(self.batch)) != i)
-            tokens = self.progress - joined
-            s.credit(np.array([sid]), self.version, np.array([tokens]))
-            s.generated[sid] += tokens
-            self.context -= int(s.prompt[sid] + s.generated[sid])
-            if s.cached is not None:  # its KV is recomputed whole, as any preempted sample's
-                s.cached[sid] = 0
-            self.waiting.appendleft(sid)
+        """vLLM-style recompute preemption: while the KV cache overflows, the newest sample leaves
+        (sim.kernels.preemption). Most calls find no overflow: they return before any work."""
+        if not (self.context > self.kv_tokens and len(self.batch) > 1):
+            return
+        s, b = self.samples, self.batch
+        cached = s.cached if s.cached is not None else EMPTY  # its KV is recomputed whole, as any preempted sample's
+        keep, sids, tokens, self.context = preempt(b.sid, b.joined, self.progress, self.context, self.kv_tokens,
+                                                   s.prompt, s.generated, cached, s.cached is not None)
+        self.batch = b.without(keep)
+        s.credit(sids, self.version, tokens)  # one credit for all: staleness tallies are sums of integers
+        self.waiting.extendleft(sids.tolist())  # each in front of the one before it, as appendleft one by one
 
     def load_weights(self, request: tuple[int, float], start: float) -> None:
         """For the fleet too: the weights of `request` are in (it was waited for since `start`)."""

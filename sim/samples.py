@@ -52,6 +52,13 @@ class Samples:
         if not self._credit_sids:
             return Counter()
         totals = np.zeros(int(self.trained_step.max()) + 1, np.int64)  # lags run from 0 to the last step
+        shared: dict[int, np.ndarray] = {}  # one array per version: a run credits hundreds of thousands of times
         for sids, version, tokens in zip(self._credit_sids, self._credit_versions, self._credit_tokens, strict=True):
-            tally_lags(totals, self.trained_step, sids, np.atleast_1d(np.asarray(version, np.int64)), tokens)
+            if isinstance(version, np.ndarray):  # one version per sample
+                versions = np.atleast_1d(np.asarray(version, np.int64))
+            elif version in shared:
+                versions = shared[version]
+            else:
+                versions = shared[version] = np.array([version], np.int64)
+            tally_lags(totals, self.trained_step, sids, versions, tokens)
         return Counter({int(k): int(v) for k, v in enumerate(totals) if v > 0})
