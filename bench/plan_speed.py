@@ -3,8 +3,9 @@
 Issue 19's acceptance figures: the default `rlfleet plan` (re-ranking, baselines, marginal values)
 and the MILP alone (`--milp-only`) on fleets of 64 to 100,000 GPUs in 8-GPU nodes spread over 6 or
 12 GPU types, each run as a subprocess of this tree and of the older commit (checked out with
-`git worktree add` under /tmp/speed-base-REV) in the same run, one case after the other. The older
-commit has no `--milp-only`: its row runs what the issue timed as the MILP alone there,
+`git worktree add` under /tmp/speed-base-REV) in the same run, one case after the other, the two
+trees alternated run by run. The older
+commit, if it has no `--milp-only`, runs what the issue timed as the MILP alone there,
 `--no-baselines --top-k 1` (which still simulates, refines and re-plans for the marginal values).
 `--solvers` prints the older in-process table instead: the MILP under HiGHS and under CBC.
 Usage: python bench/plan_speed.py [--full] [--runs N] [--base REV] [--solvers]
@@ -96,6 +97,7 @@ def run_plan(tree: Path, files: tuple[str, str], extra: list[str]) -> tuple[floa
 
 def compare(args: argparse.Namespace) -> None:
     old_tree = base_tree(args.base)
+    milp_only_then = "--milp-only" in (old_tree / "planner" / "commands" / "plan.py").read_text(encoding="utf-8")
     print(f"rlfleet plan wall seconds (process start included, median of {args.runs}); old = {args.base}, "
           f"new = this tree; {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at start")
     print(f"{'case':<30} {'old s':>8} {'new s':>7} {'speed-up':>8} {'old samples/s':>13} {'new samples/s':>13} "
@@ -103,10 +105,12 @@ def compare(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for label, gpus, types, model, alone in CASES + (FULL if args.full else []):
             files = case_files(Path(tmp), gpus, types, model)
-            old_flags = ["--no-baselines", "--top-k", "1"] if alone else []
+            old_flags = (["--milp-only"] if milp_only_then else ["--no-baselines", "--top-k", "1"]) if alone else []
             new_flags = ["--milp-only"] if alone else []
-            old = [run_plan(old_tree, files, old_flags) for _ in range(args.runs)]
-            new = [run_plan(ROOT, files, new_flags) for _ in range(args.runs)]
+            old, new = [], []
+            for _ in range(args.runs):  # alternated, so a busier minute slows both trees alike
+                old.append(run_plan(old_tree, files, old_flags))
+                new.append(run_plan(ROOT, files, new_flags))
             t_old, t_new = statistics.median(s for s, _ in old), statistics.median(s for s, _ in new)
             a, b = old[-1][1], new[-1][1]
             same = "n/a" if alone or a is None or b is None else ("yes" if a["plan"]["rollout"] == b["plan"]["rollout"]
