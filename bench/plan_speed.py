@@ -4,9 +4,9 @@ Issue 19's acceptance figures: the default `rlfleet plan` (re-ranking, baselines
 and the MILP alone (`--milp-only`) on fleets of 64 to 100,000 GPUs in 8-GPU nodes spread over 6 or
 12 GPU types, each run as a subprocess of this tree and of the older commit (checked out with
 `git worktree add` under /tmp/speed-base-REV) in the same run, one case after the other, the two
-trees alternated run by run. The older
-commit, if it has no `--milp-only`, runs what the issue timed as the MILP alone there,
-`--no-baselines --top-k 1` (which still simulates, refines and re-plans for the marginal values).
+trees alternated run by run. An older commit without `--milp-only` runs what the issue timed as
+the MILP alone there, `--no-baselines --top-k 1` (which still simulates, refines and re-plans for
+the marginal values).
 `--solvers` prints the older in-process table instead: the MILP under HiGHS and under CBC.
 Usage: python bench/plan_speed.py [--full] [--runs N] [--base REV] [--solvers]
 """
