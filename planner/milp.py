@@ -17,9 +17,10 @@ The cost objective minimises the $/h term subject to z >= target. The LP relaxat
 continuous) bounds the optimum; every solution reports the solver's proven optimality gap.
 Interruptible rollouts lose each step's weight wait and KV re-prefill, a share of the step period
 B / z; the others drain their batch before each update (planner.tail_model): the slopes are derated
-for the period of the previous solve until z settles (a fixed point, at most FIXED_POINT_ROUNDS solves;
-under a target, at the target's period B / target), and each answer's rate is then the one at its own
-period (`settled`), so a plan that meets a target meets it at the period it runs at.
+for the period of the previous solve until z settles (a fixed point, planner.fixed_point: at most
+FIXED_POINT_ROUNDS solves; under a target, at the target's period B / target), and each answer's rate
+is then the one at its own period (`settled`), so a plan that meets a target meets it at the period
+it runs at.
 
 On-policy plans alternate, so the step is a sum, B / G + T_k (or the longest sample, if longer),
 which is not linear. For a fixed trainer and a fixed slowest allowed engine type it grows with G, so
@@ -40,17 +41,19 @@ from typing import Literal
 import pulp
 
 from planner.bounds import Deadline
-from planner.candidates import Candidates, EngineOption, TrainerOption
+from planner.candidates import Candidates, EngineOption
+from planner.fixed_point import FIXED_POINT_ROUNDS as FIXED_POINT_ROUNDS  # re-exported, as settled
+from planner.fixed_point import derated_at, settles
+from planner.fixed_point import settled as settled
 from planner.quiet_stdout import quiet_stdout
-from planner.rate_model import Mode, Solution, evaluate
+from planner.rate_model import Mode, Solution, priced
+from planner.rate_model import evaluate as evaluate  # re-exported: the rate model (planner.rerank, placement)
 from planner.rate_model import raced as raced  # re-exported: the answer's priced figure (planner.api)
-from planner.rate_reach import reaches
 from traces import SpecError
 
 Objective = Literal["throughput", "cost"]
 SOLVE_SECONDS = 60  # a bound on any one solve, so no input can hang the planner
 TIE_BREAK = 1e-6  # samples/s traded per $/h among plans that tie on throughput
-FIXED_POINT_ROUNDS = 4
 # HiGHS on one thread: these MILPs are small (most close at the root node), and a second thread only
 # competes for the cores with the request's other solves and simulations (issue 19: the demo's
 # serial request 10.0 -> 6.8 CPU s; the same integer answers on 2,099 MILPs of bench/same_plans' cases)
@@ -175,12 +178,6 @@ def _proven_gap(model: _Model) -> float:
     return gap if math.isfinite(gap) and gap >= 0 else 0.0
 
 
-def _make(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...], mode: Mode,
-          lp_bound: float, gap: float) -> Solution:
-    rate, gen, train, tail, cost = evaluate(cand, trainer, engines, mode)
-    return Solution(trainer, engines, rate, gen, train, tail, cost, lp_bound, gap, mode)
-
-
 def _chosen(cand: Candidates, model: _Model) -> tuple[int, tuple[tuple[EngineOption, int], ...]]:
     k = next(k for k, v in model.y.items() if (v.varValue or 0) > 0.5)
     engines = tuple((cand.engines[r], round(v.varValue or 0)) for r, v in model.x.items() if round(v.varValue or 0))
@@ -216,7 +213,7 @@ def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget
         for _ in range(FIXED_POINT_ROUNDS):
             if deadline is not None and deadline.expired("the interruptible fixed point"):
                 break
-            derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
+            derated = derated_at(cand, period)
             if ranking is None:
                 ranking = _Ranking(derated, objective, budget, target, solver_name, deadline)
             else:
@@ -225,7 +222,7 @@ def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget
             if not top:
                 break
             rate = top[0].samples_per_s
-            if abs(rate - last) <= 0.01 * rate:
+            if settles(rate, last):
                 last_round = (derated, ranking)
                 break
             period, last = cand.samples_per_step / rate, rate
@@ -233,7 +230,7 @@ def solve_async(cand: Candidates, objective: Objective = "throughput", *, budget
         derated, ranking = last_round
         found = ranking.top(top_k, ranking.relaxation())
     else:
-        derated = dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines))
+        derated = derated_at(cand, period)
         if ranking is not None:  # the rounds' MILP at the period they reached
             ranking.reslope(derated)
             found = ranking.top(top_k, ranking.relaxation())
@@ -251,32 +248,11 @@ def _relaxed_fixed_point(cand: Candidates, ranking: _Ranking, deadline: Deadline
     for _ in range(FIXED_POINT_ROUNDS):
         if not rate > 0 or (deadline is not None and deadline.expired("the interruptible fixed point")):
             break
-        period = cand.samples_per_step / rate
-        ranking.reslope(dataclasses.replace(cand, engines=tuple(o.derated(period) for o in cand.engines)))
+        ranking.reslope(derated_at(cand, cand.samples_per_step / rate))
         last, rate = rate, ranking.relaxation()
-        if abs(rate - last) <= 0.01 * rate:
+        if settles(rate, last):
             break
     return rate
-
-
-def settled(cand: Candidates, sol: Solution, engines: tuple[tuple[EngineOption, int], ...]) -> Solution:
-    """`sol` with its rate at its own period: the z with z = rate(engines derated for B / z), by
-    bisection (the rate falls as z grows, since a shorter period loses a larger share to each
-    update), so that a plan solved for a target's period still meets the target at its own."""
-    batch = cand.samples_per_step
-
-    def at(z: float) -> tuple[tuple[EngineOption, int], ...]:
-        return tuple((o.derated(batch / z if z > 0 else math.inf), n) for o, n in engines)
-
-    hi = evaluate(cand, sol.trainer, at(0.0), "async")[0]
-    lo = 0.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if mid <= 0 or hi - lo <= 1e-9 * hi:
-            break
-        # evaluate(...)[0] >= mid, with the rate's own bisection stopped once the answer is known
-        lo, hi = (mid, hi) if reaches(cand, sol.trainer, at(mid), mid) else (lo, mid)
-    return _make(cand, sol.trainer, at(lo), "async", sol.lp_bound, sol.gap) if lo > 0 else sol
 
 
 def lp_bound(cand: Candidates, objective: Objective, budget: float | None, target: float | None,
@@ -286,9 +262,14 @@ def lp_bound(cand: Candidates, objective: Objective, budget: float | None, targe
     relaxed = _build(cand, objective, budget, target, trainers, engines, relax=True,
                      in_flight=cand.in_flight_cap(0.0, 0.0), tail=True)
     relaxed.deadline = deadline
-    if not _solve(relaxed, solver_name, relax=True):
+    return _relaxed_value(relaxed, objective, solver_name)
+
+
+def _relaxed_value(model: _Model, objective: Objective, solver_name: str) -> float:
+    """`model` solved without integrality: its objective's value (nan if it does not solve)."""
+    if not _solve(model, solver_name, relax=True):
         return math.nan
-    return float(relaxed.z.varValue if objective == "throughput" else pulp.value(relaxed.prob.objective))
+    return float(model.z.varValue if objective == "throughput" else pulp.value(model.prob.objective))
 
 
 def solve_async_fixed(cand: Candidates, objective: Objective = "throughput", *, budget: float | None = None,
@@ -340,7 +321,7 @@ class _Ranking:
             if not chosen:  # z = 0 is always feasible: no engine fits beside any trainer
                 self.ended = True
                 break
-            self.found.append(_make(self.cand, self.cand.trainers[k], chosen, "async", math.nan,
+            self.found.append(priced(self.cand, self.cand.trainers[k], chosen, "async", math.nan,
                                     _proven_gap(self.model)))
             self.picked.append(k)
         return [dataclasses.replace(s, lp_bound=bound_value) for s in self.found[:top_k]]
@@ -351,10 +332,7 @@ class _Ranking:
         assert self.cuts == 0, "a MILP with no-good cuts is not its options' relaxation"
         if self.model is None:
             return lp_bound(self.cand, *self._question, self.solver_name, self.deadline)
-        if not _solve(self.model, self.solver_name, relax=True):
-            return math.nan
-        value = self.model.z.varValue if self._question[0] == "throughput" else pulp.value(self.model.prob.objective)
-        return float(value)
+        return _relaxed_value(self.model, self._question[0], self.solver_name)
 
     def reslope(self, cand: Candidates) -> None:
         """This MILP for `cand`, the same options at another period's derating (the fixed point's
@@ -404,7 +382,7 @@ def solve_sync(cand: Candidates, objective: Objective = "throughput", *, budget:
                 continue
             _, engines = _chosen(cand, model)
             if engines:
-                found.append(_make(cand, t, engines, "sync", math.nan, 0.0))
+                found.append(priced(cand, t, engines, "sync", math.nan, 0.0))
     return _best(found, objective, top_k, budget, target)
 
 
@@ -423,7 +401,7 @@ def solve_colocated(cand: Candidates, objective: Objective = "throughput", *, bu
     for t in cand.trainers:
         pool = cand.pools[t.pool]
         for o in (o for o in cand.engines if o.pool == t.pool):
-            found.append(_make(cand, t, ((o, t.nodes * pool.per_node // o.tp),), "colocated", math.nan, 0.0))
+            found.append(priced(cand, t, ((o, t.nodes * pool.per_node // o.tp),), "colocated", math.nan, 0.0))
     return _best(found, objective, top_k, budget, target)
 
 

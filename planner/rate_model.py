@@ -102,6 +102,13 @@ def evaluate(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[Engi
     return batch / step, gen, trainer.samples_per_s, batch / longest, cost
 
 
+def priced(cand: Candidates, trainer: TrainerOption, engines: tuple[tuple[EngineOption, int], ...], mode: Mode,
+           lp_bound: float, gap: float) -> Solution:
+    """The Solution of one allocation, its figures by `evaluate`."""
+    rate, gen, train, tail, cost = evaluate(cand, trainer, engines, mode)
+    return Solution(trainer, engines, rate, gen, train, tail, cost, lp_bound, gap, mode)
+
+
 def raced(cand: Candidates, sol: Solution) -> Solution:
     """`sol` priced by the simulator's routing and update rules (the module docstring); `sol` itself
     where they do not apply (colocated plans, multi-turn episodes, dynamic sampling)."""

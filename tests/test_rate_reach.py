@@ -1,5 +1,5 @@
 """planner.rate_reach.reaches answers what the full rate computation answers, bit for bit, so
-planner.milp.settled (which asks it at each step of its bisection) returns the plans it returned
+planner.fixed_point.settled (which asks it at each step of its bisection) returns the plans it returned
 when each step computed the whole rate (issue 19)."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ import math
 import numpy as np
 import pytest
 
-from planner import milp
+from planner import fixed_point
 from planner.candidates import candidates
-from planner.milp import settled, solve_async
+from planner.fixed_point import settled
+from planner.milp import solve_async
 from planner.rate_model import evaluate
 from planner.rate_reach import reaches
 from traces import Cluster, CostModel, Workload, get_model
@@ -34,7 +35,7 @@ FLEETS = [(True, (("H800", 2), ("H20", 1))), (False, (("H800", 1), ("L40S", 2)))
 
 
 def _full_rate_reaches(cand, trainer, engines, z):  # type: ignore[no-untyped-def]
-    """What planner.milp.settled asked at each step before reaches: the whole rate, compared with z."""
+    """What planner.fixed_point.settled asked at each step before reaches: the whole rate, compared with z."""
     return evaluate(cand, trainer, engines, "async")[0] >= z
 
 
@@ -69,5 +70,5 @@ def test_settled_returns_what_the_full_bisection_returned(interruptible: bool, g
         engines = tuple((base[o.pool, o.tp, o.ep], n) for o, n in sol.engines)
         fast = settled(cand, sol, engines)
         with monkeypatch.context() as m:
-            m.setattr(milp, "reaches", _full_rate_reaches)
+            m.setattr(fixed_point, "reaches", _full_rate_reaches)
             assert fast == settled(cand, sol, engines)
