@@ -14,7 +14,9 @@ Asynchronous plans (generation and training overlap):
                  sum_r c_r x_r + sum_k c_k y_k <= budget           (optional, $/h)
 
 The cost objective minimises the $/h term subject to z >= target. The LP relaxation (x, y
-continuous) bounds the optimum; every solution reports the solver's proven optimality gap.
+continuous) bounds the optimum; every solution reports the solver's proven optimality gap. A
+throughput MILP of many trainer options is solved without those whose bound (planner.trainer_bounds)
+is below a feasible plan's objective, which answers the same with a smaller root.
 Interruptible rollouts lose each step's weight wait and KV re-prefill, a share of the step period
 B / z; the others drain their batch before each update (planner.tail_model): the slopes are derated
 for the period of the previous solve until z settles (a fixed point, planner.fixed_point: at most
@@ -33,11 +35,14 @@ and update rules) is planner.rate_model.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import pulp
 
 from planner.bounds import Deadline
@@ -45,36 +50,15 @@ from planner.candidates import Candidates, EngineOption
 from planner.fixed_point import FIXED_POINT_ROUNDS as FIXED_POINT_ROUNDS  # re-exported, as settled
 from planner.fixed_point import derated_at, settles
 from planner.fixed_point import settled as settled
-from planner.quiet_stdout import quiet_stdout
 from planner.rate_model import Mode, Solution, priced
 from planner.rate_model import evaluate as evaluate  # re-exported: the rate model (planner.rerank, placement)
 from planner.rate_model import raced as raced  # re-exported: the answer's priced figure (planner.api)
-from traces import SpecError
+from planner.solver import SOLVE_SECONDS, proven_gap, solved
+from planner.trainer_bounds import TIE_BREAK, objective_bounds
 
 Objective = Literal["throughput", "cost"]
-SOLVE_SECONDS = 60  # a bound on any one solve, so no input can hang the planner
-TIE_BREAK = 1e-6  # samples/s traded per $/h among plans that tie on throughput
-# HiGHS on one thread: these MILPs are small (most close at the root node), and a second thread only
-# competes for the cores with the request's other solves and simulations (issue 19: the demo's
-# serial request 10.0 -> 6.8 CPU s; the same integer answers on 2,099 MILPs of bench/same_plans' cases)
-HIGHS_THREADS = 1
-
-
-def solver(name: str = "auto", mip: bool = True, seconds: float = SOLVE_SECONDS,
-           threads: int | None = None) -> pulp.LpSolver:
-    """HiGHS (via highspy) when installed, else PuLP's bundled CBC; `name` forces one.
-    `threads`: HiGHS's thread count (None: HIGHS_THREADS; 0: HiGHS's own choice)."""
-    if name not in ("auto", "highs", "cbc"):
-        raise SpecError(f"unknown solver '{name}'; use auto, highs or cbc")
-    limit = max(1, min(SOLVE_SECONDS, round(seconds)))
-    if name in ("auto", "highs"):
-        highs = pulp.HiGHS(mip=mip, msg=False, timeLimit=limit, gapRel=1e-7,
-                           threads=HIGHS_THREADS if threads is None else threads)
-        if highs.available():
-            return highs
-        if name == "highs":
-            raise SpecError("solver 'highs' is not installed (pip install highspy); use --solver cbc")
-    return pulp.PULP_CBC_CMD(mip=mip, msg=False, timeLimit=limit, gapRel=1e-7)
+PRUNE_FROM = 32  # trainer options from which a throughput MILP leaves out those out of reach (_Ranking)
+PROBES = 3  # options of the highest bounds solved alone for the floor (each a MILP of one trainer)
 
 
 # ---- asynchronous: one MILP ------------------------------------------------------------------
@@ -151,31 +135,7 @@ def _reslope(model: _Model, cand: Candidates) -> None:
 
 def _solve(model: _Model, solver_name: str, relax: bool) -> bool:
     seconds = model.deadline.left() if model.deadline is not None else SOLVE_SECONDS
-    with quiet_stdout():  # highspy prints a banner on stdout before PuLP can silence it
-        status = model.prob.solve(solver(solver_name, mip=not relax, seconds=seconds))
-        if _refused(model):  # this thread's HiGHS scheduler was started with more threads: take its count
-            status = model.prob.solve(solver(solver_name, mip=not relax, seconds=seconds, threads=0))
-    return pulp.LpStatus[status] == "Optimal" and model.z.varValue is not None
-
-
-def _refused(model: _Model) -> bool:
-    """Whether HiGHS refused to run at all: it keeps one task scheduler per thread, and a solve in
-    this thread outside the planner may have started it with another thread count than HIGHS_THREADS."""
-    highs = getattr(model.prob, "solverModel", None)
-    if highs is None or not hasattr(highs, "getModelStatus"):  # CBC
-        return False
-    import highspy  # loaded already: PuLP's HiGHS solved this model
-
-    return bool(highs.getModelStatus() == highspy.HighsModelStatus.kNotset)
-
-
-def _proven_gap(model: _Model) -> float:
-    """The solver's own optimality gap: HiGHS reports it; CBC's Optimal means within gapRel."""
-    info = getattr(getattr(model.prob, "solverModel", None), "getInfo", None)
-    if info is None:
-        return 0.0
-    gap = float(info().mip_gap)
-    return gap if math.isfinite(gap) and gap >= 0 else 0.0
+    return solved(model.prob, solver_name, relax, seconds) and model.z.varValue is not None
 
 
 def _chosen(cand: Candidates, model: _Model) -> tuple[int, tuple[tuple[EngineOption, int], ...]]:
@@ -303,6 +263,7 @@ class _Ranking:
                                 tail=True)
             self.model.deadline = deadline
         self.ended = self.model is None
+        self._reach: tuple[float, list[int]] | None = None  # this round's probed floor and the options below it
 
     def top(self, top_k: int, bound_value: float) -> list[Solution]:
         """The best `top_k` (fewer if the MILP has fewer or the request's bounds stop it), with
@@ -314,7 +275,7 @@ class _Ranking:
             for c in range(self.cuts, i):
                 self.model.prob += self.model.y[self.picked[c]] <= 0, f"nogood{c}"
             self.cuts = i
-            if not _solve(self.model, self.solver_name, relax=False):
+            if not self._solve_next():
                 self.ended = True
                 break
             k, chosen = _chosen(self.cand, self.model)
@@ -322,9 +283,39 @@ class _Ranking:
                 self.ended = True
                 break
             self.found.append(priced(self.cand, self.cand.trainers[k], chosen, "async", math.nan,
-                                    _proven_gap(self.model)))
+                                    proven_gap(self.model.prob)))
             self.picked.append(k)
         return [dataclasses.replace(s, lp_bound=bound_value) for s in self.found[:top_k]]
+
+    def _solve_next(self) -> bool:
+        """The MILP's next answer, solved without the trainer options that cannot reach the floor a
+        probe found (planner.trainer_bounds: same answer, a smaller root); an answer below the floor
+        (after no-good cuts) is solved again with every option, as one of those left out might beat it."""
+        assert self.model is not None
+        if self._question[0] != "throughput" or len(self.model.y) < PRUNE_FROM:
+            return _solve(self.model, self.solver_name, relax=False)
+        if self._reach is None:
+            self._reach = self._probe()
+        floor, out = self._reach
+        if out:
+            with _left_out(self.model, out):
+                ok = _solve(self.model, self.solver_name, relax=False)
+            if ok and pulp.value(self.model.prob.objective) >= floor:
+                return True
+        return _solve(self.model, self.solver_name, relax=False)
+
+    def _probe(self) -> tuple[float, list[int]]:
+        """The best objective of the PROBES options of the highest bounds, each solved alone (a feasible
+        plan's), less the solver's tolerance; and the options whose bound is below it."""
+        assert self.model is not None and self.cuts == 0, "probes are of the MILP without no-good cuts"
+        bounds = objective_bounds(self.cand)
+        y, best = self.model.y, -math.inf
+        for k in np.argsort(-bounds, kind="stable")[:PROBES]:
+            with _left_out(self.model, [j for j in y if j != k]):
+                if _solve(self.model, self.solver_name, relax=False):
+                    best = max(best, float(pulp.value(self.model.prob.objective)))
+        floor = best - 1e-6 * abs(best)
+        return floor, [k for k in y if bounds[k] < floor]
 
     def relaxation(self) -> float:
         """lp_bound of this MILP's options: the same model solved without integrality, before any
@@ -338,10 +329,22 @@ class _Ranking:
         """This MILP for `cand`, the same options at another period's derating (the fixed point's
         next round): its answers start again; the rows but one are kept, not built again."""
         assert self.cuts == 0, "a MILP with no-good cuts is not another round's"
-        self.cand, self.found, self.picked = cand, [], []
+        self.cand, self.found, self.picked, self._reach = cand, [], [], None
         if self.model is not None:
             _reslope(self.model, cand)
             self.ended = False
+
+
+@contextlib.contextmanager
+def _left_out(model: _Model, options: list[int]) -> Iterator[None]:
+    """`model` with these trainer options fixed off (y = 0), for one solve."""
+    for k in options:
+        model.y[k].upBound = 0
+    try:
+        yield
+    finally:
+        for k in options:
+            model.y[k].upBound = 1
 
 
 # ---- on-policy: enumerate, then the MILP for the engines ---------------------------------------

@@ -1,4 +1,4 @@
-"""The MILP's speed-ups answer as before (issue 19): HiGHS on one thread (planner.milp.HIGHS_THREADS)
+"""The MILP's speed-ups answer as before (issue 19): HiGHS on one thread (planner.solver.HIGHS_THREADS)
 gives the answers of HiGHS's own thread count, and still solves where a solve outside the planner
 started HiGHS's scheduler with more threads; the fixed point's settled round, continued for the
 top-k, gives that MILP's answers solved afresh."""
@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import pulp
 
-from planner import milp
+from planner import milp, solver
 from planner.candidates import Candidates, candidates
 from traces import Cluster, CostModel, Workload, get_model
 from traces.lengths import LengthDist
@@ -53,7 +53,7 @@ def _top3(cand: Candidates) -> list[milp.Solution]:
 def test_one_thread_answers_as_highs_own_thread_count(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     cand = _cand()
     one = _in_fresh_thread(lambda: _top3(cand))
-    monkeypatch.setattr(milp, "HIGHS_THREADS", 0)  # HiGHS's own choice (2 threads on 2 cores)
+    monkeypatch.setattr(solver, "HIGHS_THREADS", 0)  # HiGHS's own choice (2 threads on 2 cores)
     own = _in_fresh_thread(lambda: _top3(cand))
     assert len(one) == 3 and math.isfinite(one[0].lp_bound)
     assert [(s.trainer, s.engines) for s in one] == [(s.trainer, s.engines) for s in own]
