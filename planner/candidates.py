@@ -338,25 +338,22 @@ def trainer_options(
 ) -> list[TrainerOption]:
     """The fastest fitting trainer per (pool, whole-node count); `sync_seconds` is added per step.
 
-    Every layout of every node count is priced in one vectorised call per (ZeRO stage, recompute)."""
+    A pool's layouts are priced once per cost model (`_layout_steps`, planner.memo: the marginal values'
+    and baselines' fleets share most of their pools with the request's; issue 19, 3.2 s of the
+    100,000 x 12 request's profile); the sync, which differs per fleet, is added here, before the
+    fastest layout is picked, as it always was (two layouts a sync apart can tie)."""
     batch = workload.samples_per_step
-    tokens = batch * workload.mean_tokens_per_sample
     out = []
+    combos = list(product(ZERO_STAGES, RECOMPUTE))
     for pool in pools:
-        tps = [tp for tp in _divisors(pool.per_node) if tp_shards(workload.model, tp) is None]
-        lay = _layouts(min(pool.nodes, max_nodes or pool.nodes), pool.per_node, workload.model, tps)
+        count = min(pool.nodes, max_nodes or pool.nodes)
+        lay, steps = once(cm, ("trainer layouts", pool.gpu, pool.per_node, pool.inter_node_bytes_per_s, count,
+                               workload), functools.partial(_layout_steps, cm, pool, count, workload, combos))
         nodes, dp, tp, pp, ep = lay[:, 0], lay[:, 1], lay[:, 2], lay[:, 3], lay[:, 4]
         best_step = np.full(len(lay), np.inf)
         best_combo = np.zeros(len(lay), dtype=np.int64)
-        combos = list(product(ZERO_STAGES, RECOMPUTE))
-        for c, (zero, recompute) in enumerate(combos):
-            fits = trainer_fits(cm, pool.gpu, workload, dp, tp, pp, zero_stage=zero, recompute=recompute, ep=ep)
-            if not fits.any():
-                continue
-            logprob, train = trainer_step_seconds(
-                cm, pool.gpu, workload, dp, tp, pp, tokens, zero_stage=zero, recompute=recompute,
-                gpus_per_node=pool.per_node, inter_node_bytes_per_s=pool.inter_node_bytes_per_s, ep=ep)
-            step = np.where(fits, logprob + train + sync_seconds, np.inf)
+        for c, step in steps.items():
+            step = np.where(np.isfinite(step), step + sync_seconds, np.inf)
             better = step < best_step
             best_step[better], best_combo[better] = step[better], c
         for n in np.unique(nodes):
@@ -365,12 +362,42 @@ def trainer_options(
             if not np.isfinite(best_step[i]):
                 continue
             zero, recompute = combos[best_combo[i]]
-            switch = float(cm.colocate_switch(pool.gpu, workload.model, 1, dp[i], tp[i], pp[i],
-                                              zero_stage=zero, ep=ep[i]).seconds)
+            layout = (int(dp[i]), int(tp[i]), int(pp[i]), zero, int(ep[i]))
+            switch = once(cm, ("colocate switch", pool.gpu, workload.model, layout),
+                          functools.partial(_switch_seconds, cm, pool.gpu, workload.model, layout))
             out.append(TrainerOption(pool.index, int(n), int(dp[i]), int(tp[i]), int(pp[i]), zero, recompute,
                                      float(best_step[i]), batch / float(best_step[i]),
                                      int(n) * pool.per_node * pool.gpu.price_per_gpu_hour, switch, int(ep[i])))
     return out
+
+
+def _switch_seconds(cm: CostModel, gpu: GpuType, model: ModelSpec, layout: tuple[int, int, int, int, int]) -> float:
+    """One colocated hand-over of a trainer of (dp, tp, pp, ZeRO stage, ep) to TP-1 engines."""
+    dp, tp, pp, zero, ep = layout
+    return float(cm.colocate_switch(gpu, model, 1, dp, tp, pp, zero_stage=zero, ep=ep).seconds)
+
+
+def _layout_steps(cm: CostModel, pool: Pool, count: int, workload: Workload, combos: list[tuple[int, str]]
+            ) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    """Every layout of the pool's node counts up to `count` ((nodes, dp, tp, pp, ep) rows), and per
+    (ZeRO stage, recompute) that fits any, each layout's logprob + train seconds (inf where it does
+    not fit), priced in one vectorised call; read-only (shared through planner.memo)."""
+    tokens = workload.samples_per_step * workload.mean_tokens_per_sample
+    tps = [tp for tp in _divisors(pool.per_node) if tp_shards(workload.model, tp) is None]
+    lay = _layouts(count, pool.per_node, workload.model, tps)
+    dp, tp, pp, ep = lay[:, 1], lay[:, 2], lay[:, 3], lay[:, 4]
+    steps: dict[int, np.ndarray] = {}
+    for c, (zero, recompute) in enumerate(combos):
+        fits = trainer_fits(cm, pool.gpu, workload, dp, tp, pp, zero_stage=zero, recompute=recompute, ep=ep)
+        if not fits.any():
+            continue
+        logprob, train = trainer_step_seconds(
+            cm, pool.gpu, workload, dp, tp, pp, tokens, zero_stage=zero, recompute=recompute,
+            gpus_per_node=pool.per_node, inter_node_bytes_per_s=pool.inter_node_bytes_per_s, ep=ep)
+        steps[c] = np.where(fits, logprob + train, np.inf)
+        steps[c].flags.writeable = False
+    lay.flags.writeable = False
+    return lay, steps
 
 
 def candidates(cm: CostModel, cluster: Cluster, workload: Workload, *, staleness: float | None = None,

@@ -1,6 +1,6 @@
-"""Engine curves computed once per cost model (planner.memo, issue 19): a fleet's options are the
-ones a fresh cost model gives it, whatever fleets of the same GPU types came first; only the
-fleet's own weight-sync time is priced again."""
+"""Engine curves and trainer layouts computed once per cost model (planner.memo, issue 19): a
+fleet's options are the ones a fresh cost model gives it, whatever fleets of the same GPU types
+came first; only the fleet's own weight-sync time is priced again."""
 
 from __future__ import annotations
 
@@ -42,6 +42,10 @@ def test_a_fleet_after_others_gets_the_options_a_fresh_cost_model_gives(interrup
     fresh = candidates(CostModel.roofline_only(), _fleet(3), workload)
     assert later.sync_seconds != first.sync_seconds
     assert [_fields(o) for o in later.engines] == [_fields(o) for o in fresh.engines]
+    assert later.trainers == fresh.trainers
+    one_node = later.trainers[0], first.trainers[0]  # one H800 node in both fleets: the same layout, its own sync
+    assert one_node[0].nodes == one_node[1].nodes == 1 and one_node[0].step_seconds != one_node[1].step_seconds
+    assert one_node[0].step_seconds - later.sync_seconds == pytest.approx(one_node[1].step_seconds - first.sync_seconds)
     if interruptible:  # the update pause is this fleet's: its weight sync, then the re-prefill
         assert [o.update_seconds for o in later.engines] != [o.update_seconds for o in first.engines]
 
@@ -54,3 +58,17 @@ def test_the_memo_is_dropped_with_its_cost_model() -> None:
     del cm
     gc.collect()
     assert ident not in memo._MEMOS
+
+
+def test_trainer_layouts_a_sync_apart_pick_as_a_fresh_cost_model_does() -> None:
+    """A pool's layouts are priced without the sync and picked with it: at 100,000 GPUs two layouts
+    of one node count tie only once the sync is added, and the fresh pick (the first) must stay."""
+    types = ("H800", "H20", "L40S", "A100-80G", "H100", "H200", "A10G", "L4", "A800", "L20", "B200", "MI300X")
+    workload = Workload(name="memo", model=get_model("qwen2.5-32b"), prompts_per_step=64, group_size=16,
+                        prompt_len=LengthDist(kind="lognormal", mean=400, sigma=0.5, cap=1024),
+                        response_len=LengthDist(kind="lognormal", mean=2000, sigma=0.9, cap=8192), staleness=4)
+    fleets = [Cluster(name=f"tie-{extra}", node_groups=tuple({"gpu_type": t, "nodes": 1042 + (i < 4) + extra * (i == 0)}
+                                                             for i, t in enumerate(types))) for extra in (0, 1)]
+    shared = CostModel()
+    warm = [candidates(shared, f, workload).trainers for f in fleets]
+    assert warm == [candidates(CostModel(), f, workload).trainers for f in fleets]
