@@ -12,11 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.decode_plans import Batch
+from sim.decode_plans import EMPTY, Batch
 from sim.samples import Samples
 from traces.capacity import admits, fits_kv, kv_room
-
-EMPTY = np.empty(0, np.int64)
 
 
 @dataclass(slots=True)

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.decode_plans import FlatDecodePlans
+from sim.decode_plans import EMPTY, FlatDecodePlans
 from sim.kernels.pool import compact_pool, file_entries, file_plan_rows, take_due
 
-EMPTY = np.empty(0, np.int64)
 NO_LIMIT = np.iinfo(np.int64).max
 
 

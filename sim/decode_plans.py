@@ -18,6 +18,7 @@ from sim.decode_tables import DecodeStack, DecodeTable, stack_of
 from sim.kernels.decode_plans import engine_keys, first_jump, plan_sorted
 from sim.kernels.decode_sums import stop_one
 
+EMPTY = np.empty(0, np.int64)  # no sample ids: the one empty index array admission, pools and parking share
 
 @dataclass(slots=True)
 class Batch:

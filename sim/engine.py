@@ -25,10 +25,10 @@ from typing import Any, Protocol
 import numpy as np
 import simpy
 
-from sim.admission import EMPTY, Admission
+from sim.admission import Admission
 from sim.clock import timeout_at
 from sim.controller import Controller
-from sim.decode_plans import Batch, DecodeCut, DecodePlan
+from sim.decode_plans import EMPTY, Batch, DecodeCut, DecodePlan
 from sim.decode_tables import DecodeTable, PrefillCurve
 from sim.fleet_state import EngineTable, Resume
 from sim.kernels.preemption import preempt

@@ -14,10 +14,10 @@ from collections import deque
 import numpy as np
 import simpy
 
-from sim.admission import EMPTY, Admission
+from sim.admission import Admission
 from sim.clock import timeout_at
 from sim.controller import Controller
-from sim.decode_plans import Batch, flat_decode_plans
+from sim.decode_plans import EMPTY, Batch, flat_decode_plans
 from sim.engine import Engine
 from sim.engine_groups import Loading, Parked
 from sim.fleet_state import LOADING, OWN, PARKED, EngineConstants, EngineTable, Resume

@@ -10,8 +10,8 @@ from typing import Protocol
 import numpy as np
 import simpy
 
-from sim.admission import EMPTY, Admission, decide_admission, joined_batch
-from sim.decode_plans import Batch, DecodePlan, DecodeRequest
+from sim.admission import Admission, decide_admission, joined_batch
+from sim.decode_plans import EMPTY, Batch, DecodePlan, DecodeRequest
 from sim.decode_tables import DecodeTable, PrefillCurve
 from sim.samples import Samples
 
