@@ -8,7 +8,7 @@ trees alternated run by run. An older commit without `--milp-only` runs what the
 the MILP alone there, `--no-baselines --top-k 1` (which still simulates, refines and re-plans for
 the marginal values).
 `--solvers` prints the older in-process table instead: the MILP under HiGHS and under CBC.
-Usage: python bench/plan_speed.py [--full] [--runs N] [--base REV] [--solvers]
+Usage: python bench/plan_speed.py [--full] [--runs N] [--base REV] [--only TEXT] [--solvers]
 """
 
 from __future__ import annotations
@@ -104,6 +104,8 @@ def compare(args: argparse.Namespace) -> None:
           f"{'same plan':>9}")
     with tempfile.TemporaryDirectory() as tmp:
         for label, gpus, types, model, alone in CASES + (FULL if args.full else []):
+            if args.only and args.only not in label:
+                continue
             files = case_files(Path(tmp), gpus, types, model)
             old_flags = (["--milp-only"] if milp_only_then else ["--no-baselines", "--top-k", "1"]) if alone else []
             new_flags = ["--milp-only"] if alone else []
@@ -150,6 +152,7 @@ def main() -> None:
     ap.add_argument("--full", action="store_true", help="add the 8,192 and 100,000-GPU defaults (tens of minutes)")
     ap.add_argument("--runs", type=int, default=1, help="runs of each case and tree (median; default 1)")
     ap.add_argument("--base", default="6d4c25d", help="the older commit (default: before issue 19's work)")
+    ap.add_argument("--only", help="only the cases whose label holds this text (e.g. 'MILP alone', '100000')")
     ap.add_argument("--solvers", action="store_true", help="the in-process HiGHS vs CBC table instead")
     args = ap.parse_args()
     if args.solvers:
