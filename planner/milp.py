@@ -263,7 +263,7 @@ class _Ranking:
                                 tail=True)
             self.model.deadline = deadline
         self.ended = self.model is None
-        self._reach: tuple[float, list[int]] | None = None  # this round's probed floor and the options below it
+        self._reach: tuple[np.ndarray, dict[int, float]] | None = None  # this round's bounds and probes
 
     def top(self, top_k: int, bound_value: float) -> list[Solution]:
         """The best `top_k` (fewer if the MILP has fewer or the request's bounds stop it), with
@@ -288,15 +288,19 @@ class _Ranking:
         return [dataclasses.replace(s, lp_bound=bound_value) for s in self.found[:top_k]]
 
     def _solve_next(self) -> bool:
-        """The MILP's next answer, solved without the trainer options that cannot reach the floor a
-        probe found (planner.trainer_bounds: same answer, a smaller root); an answer below the floor
-        (after no-good cuts) is solved again with every option, as one of those left out might beat it."""
+        """The MILP's next answer, solved without the trainer options whose bound is below the best
+        probe not yet cut off (planner.trainer_bounds: each probe is a feasible plan of another trainer,
+        so the answer is the same, from a smaller root); an answer below that floor is solved again
+        with every option, as one of those left out might beat it."""
         assert self.model is not None
         if self._question[0] != "throughput" or len(self.model.y) < PRUNE_FROM:
             return _solve(self.model, self.solver_name, relax=False)
         if self._reach is None:
             self._reach = self._probe()
-        floor, out = self._reach
+        bounds, probed = self._reach
+        best = max((v for k, v in probed.items() if k not in self.picked), default=-math.inf)
+        floor = best - 1e-6 * abs(best)  # the solver's tolerance
+        out = [k for k in self.model.y if bounds[k] < floor and k not in self.picked]
         if out:
             with _left_out(self.model, out):
                 ok = _solve(self.model, self.solver_name, relax=False)
@@ -304,20 +308,19 @@ class _Ranking:
                 return True
         return _solve(self.model, self.solver_name, relax=False)
 
-    def _probe(self) -> tuple[float, list[int]]:
-        """The best objective of the PROBES options of the highest bounds, each solved alone (a feasible
-        plan's), less the solver's tolerance; and the options whose bound is below it."""
+    def _probe(self) -> tuple[np.ndarray, dict[int, float]]:
+        """Each option's bound, and the objective of the PROBES options of the highest bounds, each
+        solved alone (a MILP of its own: PuLP rebuilds every column per solve)."""
         assert self.model is not None and self.cuts == 0, "probes are of the MILP without no-good cuts"
         bounds = objective_bounds(self.cand)
-        best, engines = -math.inf, list(range(len(self.cand.engines)))
-        for k in np.argsort(-bounds, kind="stable")[:PROBES]:  # each a MILP of its own (a third of the rebuild)
+        probed, engines = {}, list(range(len(self.cand.engines)))
+        for k in np.argsort(-bounds, kind="stable")[:PROBES]:
             alone = _build(self.cand, *self._question, [int(k)], engines, relax=False,
                            in_flight=self.cand.in_flight_cap(0.0, 0.0), tail=True)
             alone.deadline = self.deadline
             if _solve(alone, self.solver_name, relax=False):
-                best = max(best, float(pulp.value(alone.prob.objective)))
-        floor = best - 1e-6 * abs(best)
-        return floor, [k for k in self.model.y if bounds[k] < floor]
+                probed[int(k)] = float(pulp.value(alone.prob.objective))
+        return bounds, probed
 
     def relaxation(self) -> float:
         """lp_bound of this MILP's options: the same model solved without integrality, before any
