@@ -353,7 +353,7 @@ def trainer_options(
         best_step = np.full(len(lay), np.inf)
         best_combo = np.zeros(len(lay), dtype=np.int64)
         for c, step in steps.items():
-            step = np.where(np.isfinite(step), step + sync_seconds, np.inf)
+            step = step + sync_seconds  # inf (does not fit) stays inf
             better = step < best_step
             best_step[better], best_combo[better] = step[better], c
         for n in np.unique(nodes):
@@ -378,7 +378,7 @@ def _switch_seconds(cm: CostModel, gpu: GpuType, model: ModelSpec, layout: tuple
 
 
 def _layout_steps(cm: CostModel, pool: Pool, count: int, workload: Workload, combos: list[tuple[int, str]]
-            ) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+                  ) -> tuple[np.ndarray, dict[int, np.ndarray]]:
     """Every layout of the pool's node counts up to `count` ((nodes, dp, tp, pp, ep) rows), and per
     (ZeRO stage, recompute) that fits any, each layout's logprob + train seconds (inf where it does
     not fit), priced in one vectorised call; read-only (shared through planner.memo)."""
