@@ -77,21 +77,53 @@ while True:  # rewrite a large file until stopped: the signal lands mid-write
 """
 
 
+def _writer(target: Path, ignore_hup: bool = False) -> subprocess.Popen[bytes]:
+    """The WRITER, started with SIGTERM and SIGHUP at their defaults (or SIGHUP ignored, as under
+    nohup), whatever this process inherited: an ignored signal stays ignored across exec."""
+    def dispositions() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN if ignore_hup else signal.SIG_DFL)
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(target)], stdout=subprocess.PIPE, env=env,
+                            preexec_fn=dispositions)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+    return proc
+
+
 def test_sigterm_mid_write_leaves_no_temp_file(tmp_path: Path) -> None:
     """SIGTERM (and SIGHUP) while writing: the temp file is removed and the old or new file is in place."""
     target = tmp_path / "plan.json"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
     codes = []
     for sig, delay in ((signal.SIGTERM, 0.3), (signal.SIGTERM, 0.6), (signal.SIGHUP, 0.4)):
         target.write_bytes(b"old")
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(target)], stdout=subprocess.PIPE, env=env)
-        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
-        time.sleep(delay)
-        proc.send_signal(sig)
-        codes.append(proc.wait(timeout=60))
+        proc = _writer(target)
+        try:
+            time.sleep(delay)
+            proc.send_signal(sig)
+            codes.append(proc.wait(timeout=60))
+        finally:
+            proc.kill()  # a writer that outlived the signal would rewrite 200 MB until the suite ends
         assert target.read_bytes() in (b"old", b"new" * (1 << 26))
         assert not list(tmp_path.glob(".plan.json.*.tmp"))
     assert 128 + signal.SIGTERM in codes  # at least one signal landed mid-write (exit via SystemExit)
+
+
+def test_a_writer_under_nohup_keeps_writing_through_sighup(tmp_path: Path) -> None:
+    """An ignored SIGHUP (nohup) is left ignored, as the user asked: the writer goes on; SIGTERM still
+    stops it cleanly."""
+    target = tmp_path / "plan.json"
+    proc = _writer(target, ignore_hup=True)
+    try:
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) in (128 + signal.SIGTERM, -signal.SIGTERM)
+    finally:
+        proc.kill()
+    assert not list(tmp_path.glob(".plan.json.*.tmp"))
 
 
 def test_a_killed_writers_temp_file_is_swept_by_the_next_write(tmp_path: Path) -> None:
