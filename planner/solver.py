@@ -14,6 +14,10 @@ SOLVE_SECONDS = 60  # a bound on any one solve, so no input can hang the planner
 # competes for the cores with the request's other solves and simulations (issue 19: the demo's
 # serial request 10.0 -> 6.8 CPU s; the same integer answers on 2,099 MILPs of bench/same_plans' cases)
 HIGHS_THREADS = 1
+# No RINS/RENS sub-MIPs and no restarts: these MILPs close at or near the root, where HiGHS spent
+# most of a solve in sub-MIP heuristics (0.19 of 0.33 s on the demo's slowest) and re-presolving
+# after fixing columns (issue 19: the demo's slowest MILPs 2-3x faster, the same optima)
+HIGHS_MIP_OPTIONS = {"mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False, "mip_allow_restart": False}
 
 
 def solver(name: str = "auto", mip: bool = True, seconds: float = SOLVE_SECONDS,
@@ -25,7 +29,7 @@ def solver(name: str = "auto", mip: bool = True, seconds: float = SOLVE_SECONDS,
     limit = max(1, min(SOLVE_SECONDS, round(seconds)))
     if name in ("auto", "highs"):
         highs = pulp.HiGHS(mip=mip, msg=False, timeLimit=limit, gapRel=1e-7,
-                           threads=HIGHS_THREADS if threads is None else threads)
+                           threads=HIGHS_THREADS if threads is None else threads, **(HIGHS_MIP_OPTIONS if mip else {}))
         if highs.available():
             return highs
         if name == "highs":
