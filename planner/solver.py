@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 
 import pulp
 
@@ -17,7 +18,8 @@ HIGHS_THREADS = 1
 # No RINS/RENS sub-MIPs and no restarts: these MILPs close at or near the root, where HiGHS spent
 # most of a solve in sub-MIP heuristics (0.19 of 0.33 s on the demo's slowest) and re-presolving
 # after fixing columns (issue 19: the demo's slowest MILPs 2-3x faster, the same optima)
-HIGHS_MIP_OPTIONS = {"mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False, "mip_allow_restart": False}
+HIGHS_MIP_OPTIONS = MappingProxyType({"mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False,
+                                      "mip_allow_restart": False})
 
 
 def solver(name: str = "auto", mip: bool = True, seconds: float = SOLVE_SECONDS,

@@ -6,6 +6,7 @@ behind, a size cap applied while reading, duplicate keys and every validation er
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -13,6 +14,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -77,18 +79,23 @@ while True:  # rewrite a large file until stopped: the signal lands mid-write
 """
 
 
-def _writer(target: Path, ignore_hup: bool = False) -> subprocess.Popen[bytes]:
+@contextlib.contextmanager
+def _writer(target: Path, ignore_hup: bool = False) -> Iterator[subprocess.Popen[bytes]]:
     """The WRITER, started with SIGTERM and SIGHUP at their defaults (or SIGHUP ignored, as under
-    nohup), whatever this process inherited: an ignored signal stays ignored across exec."""
+    nohup), whatever this process inherited: an ignored signal stays ignored across exec. Killed on
+    the way out: a writer that outlived its signal would rewrite 200 MB until the suite ends."""
     def dispositions() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGHUP, signal.SIG_IGN if ignore_hup else signal.SIG_DFL)
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(target)], stdout=subprocess.PIPE, env=env,
-                            preexec_fn=dispositions)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
-    return proc
+    with subprocess.Popen([sys.executable, "-c", WRITER, str(target)], stdout=subprocess.PIPE, env=env,
+                          preexec_fn=dispositions) as proc:
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+            yield proc
+        finally:
+            proc.kill()
 
 
 def test_sigterm_mid_write_leaves_no_temp_file(tmp_path: Path) -> None:
@@ -97,13 +104,10 @@ def test_sigterm_mid_write_leaves_no_temp_file(tmp_path: Path) -> None:
     codes = []
     for sig, delay in ((signal.SIGTERM, 0.3), (signal.SIGTERM, 0.6), (signal.SIGHUP, 0.4)):
         target.write_bytes(b"old")
-        proc = _writer(target)
-        try:
+        with _writer(target) as proc:
             time.sleep(delay)
             proc.send_signal(sig)
             codes.append(proc.wait(timeout=60))
-        finally:
-            proc.kill()  # a writer that outlived the signal would rewrite 200 MB until the suite ends
         assert target.read_bytes() in (b"old", b"new" * (1 << 26))
         assert not list(tmp_path.glob(".plan.json.*.tmp"))
     assert 128 + signal.SIGTERM in codes  # at least one signal landed mid-write (exit via SystemExit)
@@ -113,16 +117,13 @@ def test_a_writer_under_nohup_keeps_writing_through_sighup(tmp_path: Path) -> No
     """An ignored SIGHUP (nohup) is left ignored, as the user asked: the writer goes on; SIGTERM still
     stops it cleanly."""
     target = tmp_path / "plan.json"
-    proc = _writer(target, ignore_hup=True)
-    try:
+    with _writer(target, ignore_hup=True) as proc:
         time.sleep(0.3)
         proc.send_signal(signal.SIGHUP)
         time.sleep(1.0)
         assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) in (128 + signal.SIGTERM, -signal.SIGTERM)
-    finally:
-        proc.kill()
     assert not list(tmp_path.glob(".plan.json.*.tmp"))
 
 
