@@ -363,18 +363,19 @@ def trainer_options(
                 continue
             zero, recompute = combos[best_combo[i]]
             layout = (int(dp[i]), int(tp[i]), int(pp[i]), zero, int(ep[i]))
-            switch = once(cm, ("colocate switch", pool.gpu, workload.model, layout),
-                          functools.partial(_switch_seconds, cm, pool.gpu, workload.model, layout))
+            switch = once(cm, ("colocate switch", pool.gpu, workload.model, workload.lora_rank, layout),
+                          functools.partial(_switch_seconds, cm, pool.gpu, workload, layout))
             out.append(TrainerOption(pool.index, int(n), int(dp[i]), int(tp[i]), int(pp[i]), zero, recompute,
                                      float(best_step[i]), batch / float(best_step[i]),
                                      int(n) * pool.per_node * pool.gpu.price_per_gpu_hour, switch, int(ep[i])))
     return out
 
 
-def _switch_seconds(cm: CostModel, gpu: GpuType, model: ModelSpec, layout: tuple[int, int, int, int, int]) -> float:
+def _switch_seconds(cm: CostModel, gpu: GpuType, workload: Workload, layout: tuple[int, int, int, int, int]) -> float:
     """One colocated hand-over of a trainer of (dp, tp, pp, ZeRO stage, ep) to TP-1 engines."""
     dp, tp, pp, zero, ep = layout
-    return float(cm.colocate_switch(gpu, model, 1, dp, tp, pp, zero_stage=zero, ep=ep).seconds)
+    return float(cm.colocate_switch(gpu, workload.model, 1, dp, tp, pp, zero_stage=zero, ep=ep,
+                                    lora_rank=workload.lora_rank).seconds)
 
 
 def _layout_steps(cm: CostModel, pool: Pool, count: int, workload: Workload, combos: list[tuple[int, str]]
@@ -441,5 +442,5 @@ def estimated_sync_seconds(cm: CostModel, pools: tuple[Pool, ...], workload: Wor
     most = sum(p.gpus for p in pools)
     slowest = min(p.inter_node_bytes_per_s for p in pools)
     gpu = max((p.gpu for p in pools), key=lambda g: g.bf16_tflops)
-    return float(cm.sync(gpu, workload.model, most, slowest).seconds)
+    return float(cm.sync(gpu, workload.model, most, slowest, workload.lora_rank).seconds)
 

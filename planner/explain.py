@@ -83,4 +83,4 @@ def _cheapest(cand: Candidates, mode: Mode) -> float:
 def _smallest_trainer_gb(cm: CostModel, workload: Workload) -> float:
     from traces.costmodel.roofline import train_state_bytes
 
-    return float(train_state_bytes(workload.model, 1, 1, 1, zero_stage=0)) / 1e9
+    return float(train_state_bytes(workload.model, 1, 1, 1, zero_stage=0, lora_rank=workload.lora_rank)) / 1e9

@@ -36,7 +36,8 @@ def reprice_sync(cm: CostModel, cluster: Cluster, workload: Workload, cand: Cand
     """The solution with weight sync priced on its placed plan's real links and engine count."""
     engines = sum(n for _, n in solution.engines)
     t_gpu = cand.pools[solution.trainer.pool].gpu
-    real = float(cm.sync(t_gpu, workload.model, engines, sync_path_bytes_per_s(cluster, plan)).seconds)
+    real = float(cm.sync(t_gpu, workload.model, engines, sync_path_bytes_per_s(cluster, plan),
+                         workload.lora_rank).seconds)
     step = solution.trainer.step_seconds - cand.sync_seconds + real
     trainer = dataclasses.replace(solution.trainer, step_seconds=step, samples_per_s=cand.samples_per_step / step)
     rate, gen, train, tail, cost = evaluate(cand, trainer, solution.engines, solution.mode)

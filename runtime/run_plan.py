@@ -129,4 +129,11 @@ def _workload_problems(plan: Plan, workload: Workload) -> list[str]:
     if workload.rollout_logprobs:
         out.append("workload rollout_logprobs: the runtime recomputes the proximal policy (decoupled loss); "
                    "set rollout_logprobs: false")
+    if workload.lora_rank:
+        out.append(f"workload lora_rank {workload.lora_rank}: the runtime trains every weight (no adapter; its "
+                   "engines load whole weights); LoRA jobs are planned, simulated and exported: set lora_rank: 0 "
+                   "to run")
+    if workload.train_microbatch_tokens is not None:
+        out.append(f"workload train_microbatch_tokens {workload.train_microbatch_tokens}: the runtime's trainer "
+                   "takes each minibatch in one pass; leave it unset to run")
     return out

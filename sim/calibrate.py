@@ -25,6 +25,7 @@ from traces.costmodel import COLUMNS, DEFAULT_EFFICIENCY, Efficiency, ProfileTab
 from traces.costmodel.fit import Case, fit
 from traces.errors import SpecError
 from traces.links import sync_path_bytes_per_s, trainer_network
+from traces.lora import table_name
 from traces.records import recommended_steps
 
 # Fitted fields and how far they may move for arbitrary hardware.
@@ -94,15 +95,19 @@ def profile_rows(cal: Calibration, cluster: Cluster, workload: Workload, plan: P
     t = plan.trainer
     gpu = cluster.resolve(t.gpu_type)
     batch_tokens = workload.samples_per_step * workload.mean_tokens_per_sample
-    kw = {"seq_len": workload.mean_tokens_per_sample, "microbatch_tokens": longest, "zero_stage": t.zero_stage,
-          **trainer_network(cluster, plan)}  # as the simulator prices the trainer
+    kw = {"seq_len": workload.mean_tokens_per_sample, "microbatch_tokens": workload.microbatch_tokens,
+          "zero_stage": t.zero_stage, **trainer_network(cluster, plan)}  # as the simulator prices the trainer
     for tokens in np.unique(np.geomspace(max(1.0, batch_tokens / 64), batch_tokens * 4, 12).astype(int)):
         rows.append((gpu.name, "train", t.tp, t.pp, t.dp, 1, 0, int(tokens),
-                     float(cm.train(gpu, model, t.dp, t.tp, t.pp, int(tokens), recompute=t.recompute, **kw).seconds)))
+                     float(cm.train(gpu, model, t.dp, t.tp, t.pp, int(tokens), recompute=t.recompute,
+                                    lora_rank=workload.lora_rank, **kw).seconds)))
         rows.append((gpu.name, "logprob", t.tp, t.pp, t.dp, 1, 0, int(tokens),
                      float(cm.logprob(gpu, model, t.dp, t.tp, t.pp, int(tokens), **kw).seconds)))
     engines = sum(g.instances for g in plan.rollout)
     path = sync_path_bytes_per_s(cluster, plan)
     for k in sorted({1, max(1, engines // 2), engines, engines * 2}):
-        rows.append((gpu.name, "sync", 1, 1, 1, k, 0, 0, float(cm.sync(gpu, model, k, path).seconds)))
-    return pd.DataFrame([(*r[:1], model.name, *r[1:], source) for r in rows], columns=list(COLUMNS))
+        rows.append((gpu.name, "sync", 1, 1, 1, k, 0, 0,
+                     float(cm.sync(gpu, model, k, path, workload.lora_rank).seconds)))
+    # a LoRA run's train and sync rows are filed apart from full fine-tuning of the model (traces.lora.table_name)
+    name = {"train": table_name(model, workload.lora_rank), "sync": table_name(model, workload.lora_rank)}
+    return pd.DataFrame([(r[0], name.get(r[1], model.name), *r[1:], source) for r in rows], columns=list(COLUMNS))

@@ -33,8 +33,17 @@ from traces.errors import SpecError
 from traces.hardware import GpuType
 from traces.models import ModelSpec
 
+# Sources judged but not fitted, and why: rows the roofline has no term for, which a fit would meet
+# by bending the efficiencies every other row shares.
+# hf-asyncgrpo-lora (C82-C85): TRL's AsyncGRPOTrainer, PEFT LoRA on a 1.5B model under FSDP2, runs at
+#   3.9-23.5% MFU by its own counters; one sequence per micro-batch costs 4x packed rows of the same
+#   tokens (0.3 s a micro-batch), and even packed, "around 2 seconds per step ... do not look like
+#   normal model math" (the post): a framework-bound trainer. Fitted, these four rows moved K5 and C24
+#   from -9% to -28% held out (bench/fidelity.py --quick, 2026-12-07).
+JUDGED_ONLY = {"hf-asyncgrpo-lora"}
 # Public checkpoints that share a catalog model's architecture (their config.json fields match).
 SAME_SHAPE = {"deepseek-r1-distill-qwen-1.5b": "qwen2.5-1.5b", "deepseek-r1-distill-qwen-7b": "qwen2.5-7b",
+              "qwen2.5-math-1.5b": "qwen2.5-1.5b",
               "qwen3-30b-a3b-base": "qwen3-30b-a3b", "deepseek-v3.1": "deepseek-v3"}
 # Per-GPU network between nodes where a row does not say (InfiniBand NDR per H100/H200/B200 GPU,
 # HDR per A100: the DGX reference designs).
@@ -81,7 +90,8 @@ def _model(name: str) -> ModelSpec:
 
 
 def _layout(text: str) -> dict[str, int]:
-    found = {k.lower(): int(v) for k, v in re.findall(r"\b(TP|PP|DP|CP|VP|EP|FSDP|MBS)(\d+)", text)}
+    # MBS: sequences per micro-batch; MBT: tokens packed per micro-batch (TRL's token_budget)
+    found = {k.lower(): int(v) for k, v in re.findall(r"\b(TP|PP|DP|CP|VP|EP|FSDP|MBS|MBT)(\d+)", text)}
     fsdp = found.pop("fsdp", None)  # "FSDP8" is 8 ranks, but "FSDP2 (DP64)" names torch's FSDP2
     if fsdp is not None and "dp" not in found:
         found["dp"] = fsdp
@@ -160,7 +170,9 @@ def _train(row: CalibrationRow, model: ModelSpec, gpu: GpuType) -> Callable[[Cos
     zero = 3 if "FSDP" in row.layout else 1
     mbs = lay.pop("mbs", 1)  # sequences per micro-batch where the source gives it (Megatron-Bridge's MBS)
     recompute = "full" if "full recompute" in row.layout else "none" if "no recompute" in row.layout else "selective"
-    kw = {"seq_len": seq, "microbatch_tokens": seq * mbs, "zero_stage": zero, "recompute": recompute,
+    lora = re.search(r"\bLoRA r(\d+)", row.layout)  # a rank-r adapter trains, the base is frozen (traces.lora)
+    forward = "forward only" in row.layout  # the step's forward pass timed alone (TRL's perf/fwd_s)
+    kw = {"seq_len": seq, "microbatch_tokens": lay.pop("mbt", seq * mbs), "zero_stage": zero, "recompute": recompute,
           "virtual_stages": vp, "gpus_per_node": NODE_SIZE.get(gpu.name, 8),
           "inter_node_bytes_per_s": INTER_NODE.get(gpu.name, 50e9), "last_stage_layers": LAST_STAGE_LAYERS.get(row.id)}
 
@@ -175,11 +187,17 @@ def _train(row: CalibrationRow, model: ModelSpec, gpu: GpuType) -> Callable[[Cos
     def seconds(cm: CostModel) -> float:
         if graphs:
             cm = replace(cm, efficiency=replace(cm.efficiency, moe_layer_overhead_s=0.0))
-        return float(cm.train(gpu, model, dp, tp, pp, tokens, ep=ep, **kw).seconds)
+        if forward:
+            fw = {k: v for k, v in kw.items() if k not in ("recompute", "virtual_stages")}
+            return float(cm.logprob(gpu, model, dp, tp, pp, tokens, ep=ep, **fw).seconds)
+        return float(cm.train(gpu, model, dp, tp, pp, tokens, ep=ep, lora_rank=int(lora.group(1)) if lora else 0,
+                              **kw).seconds)
 
     if row.unit == "mfu":
         flops = float(train_flops_per_token(model, seq)) * tokens
         return lambda cm: flops / (seconds(cm) * row.gpus * peak)
+    if row.unit == "step_s":  # the step's (or pass's) seconds, as the source's timer gives them
+        return seconds
     return lambda cm: tokens / (seconds(cm) * row.gpus)
 
 
@@ -324,4 +342,5 @@ def _judged(row: CalibrationRow, predict: Callable[[CostModel], float] | str) ->
     if isinstance(predict, str):
         return Skipped(row.id, predict)
     bound = "upper" if any(w in row.where for w in UPPER_BOUND_WHERE) else ""
-    return Case(row.id, row.source_key, row.kind, row.value, predict, fitted=row.kind != "rl_step", bound=bound)
+    fitted = row.kind != "rl_step" and row.source_key not in JUDGED_ONLY
+    return Case(row.id, row.source_key, row.kind, row.value, predict, fitted=fitted, bound=bound)

@@ -193,7 +193,7 @@ def _simulate(cluster: Cluster, workload: Workload, plan: Plan, cost_model: Cost
     n_engines = len(engines)
     ctl.request_dispatch()
     sync_s = float(cm.sync(cluster.gpu(plan.trainer.gpu_type), workload.model, n_engines,
-                           sync_path_bytes_per_s(cluster, plan)).seconds)
+                           sync_path_bytes_per_s(cluster, plan), workload.lora_rank).seconds)
 
     def push(version: int, ready_at: float) -> None:
         if not token_level:
@@ -269,7 +269,8 @@ def _switch_seconds(cm: CostModel, cluster: Cluster, workload: Workload, plan: P
         raise SpecError(f"offload: engine_sleep 0 keeps the engine's {cm.efficiency.engine_memory_fraction:.0%} of "
                         f"each {t.gpu_type} and the trainer does not fit in the rest; set engine_sleep 1 or 2")
     return float(cm.colocate_switch(gpu, workload.model, engine_tp, t.dp, t.tp, t.pp, zero_stage=t.zero_stage, ep=t.ep,
-                                    offload=plan.offload.trainer_parts, engine_sleep=plan.offload.engine_sleep).seconds)
+                                    offload=plan.offload.trainer_parts, engine_sleep=plan.offload.engine_sleep,
+                                    lora_rank=workload.lora_rank).seconds)
 
 
 def engine_name(g: RolloutGroup, group: int, index: int) -> str:

@@ -217,3 +217,26 @@ def test_cli_plan_framework_names_the_restriction_and_its_cost(cli, tmp_path: Pa
     verl_line = next(line for line in r.out.splitlines() if line.startswith("verl: "))
     assert "trainer.nnodes=" in verl_line and "rlfleet plan --framework" not in verl_line  # it exports as it is
     assert f"rlfleet export {out}" in r.out
+
+
+@pytest.mark.parametrize("framework", ["areal", "verl"])
+def test_a_lora_job_exports_its_adapter_in_the_frameworks_own_fields(framework: str) -> None:
+    """AReaL's TrainEngineConfig.use_lora / lora_rank / target_modules (and its engines' enable_lora) and
+    verl's actor_rollout_ref.model.lora_rank / target_modules: both for FSDP actors only."""
+    cluster, workload, report = _planned("colocated", framework)
+    t = report.plan.trainer
+    plan = report.plan.model_copy(update={"trainer": t.model_copy(update={"dp": t.gpus, "tp": 1, "pp": 1})})
+    lora = workload.model_copy(update={"lora_rank": 8})
+    LOADERS[framework](plan, cluster, lora)  # still loads with the framework's own code
+    if framework == "areal":
+        exported = yaml.safe_load(render("areal", plan, cluster, lora))
+        assert exported["actor"]["use_lora"] is True and exported["actor"]["lora_rank"] == 8
+        assert exported["actor"]["target_modules"] == ["all-linear"] and exported["vllm"]["max_lora_rank"] == 8
+    else:
+        over = data("verl", plan, cluster, lora)[1]["overrides"]
+        assert "actor_rollout_ref.model.lora_rank=8" in over
+        assert "actor_rollout_ref.model.target_modules=all-linear" in over
+    megatron = plan.model_copy(update={"trainer": plan.trainer.model_copy(update={"dp": t.gpus // 2, "tp": 2})})
+    with pytest.raises(SpecError, match="lora_rank 8") as err:
+        data(framework, megatron, cluster, lora)
+    assert "\n" not in str(err.value)

@@ -26,7 +26,7 @@ UNITS: dict[str, frozenset[str]] = {
     "decode": frozenset({"output_tok_per_s", "ms_per_token"}),
     "prefill": frozenset({"ttft_ms", "prefill_tok_per_s"}),
     "serve": frozenset({"output_tok_per_s"}),
-    "train": frozenset({"mfu", "tok_per_s_per_gpu", "tflops_per_gpu"}),
+    "train": frozenset({"mfu", "tok_per_s_per_gpu", "tflops_per_gpu", "step_s"}),
     "rl_step": frozenset({"step_s", "gen_s", "logprob_s", "train_s", "sync_s", "tok_per_s_per_gpu"}),
     "sync": frozenset({"sync_s"}),
     "kernel": frozenset({"tflops", "tb_per_s"}),

@@ -15,6 +15,7 @@ from traces.errors import SpecError
 from traces.hf_config import model_from_hf_entry
 from traces.io import data_files, data_text, load_yaml, load_yaml_text, read_user_text, validate
 from traces.lengths import MAX_TOKENS, LengthDist
+from traces.lora import check_lora
 from traces.models import ModelSpec, resolve_model
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -71,6 +72,13 @@ class Workload(BaseModel):
     agentic: Agentic | None = Field(
         default=None, description="multi-turn episodes with tool calls (traces.agentic); response_len is then "
         "one turn's answer. None: one turn, no tools")
+    train_microbatch_tokens: int | None = Field(
+        default=None, ge=1, le=100_000_000, description="tokens a trainer GPU packs into one micro-batch "
+        "(verl's ppo_max_token_len_per_gpu with use_dynamic_bsz, Relax's --max-tokens-per-gpu, TRL's token_budget); "
+        "at least the longest sequence. None: one longest sequence per micro-batch")
+    lora_rank: int = Field(
+        default=0, ge=0, le=65536, description="LoRA: the trainer trains a rank-r adapter on every linear layer "
+        "and freezes the base (traces.lora; engines load the adapter at sync). 0: full fine-tuning")
 
     @field_validator("model", mode="before")
     @classmethod
@@ -106,6 +114,15 @@ class Workload(BaseModel):
                 raise ValueError(f"stream_chunks ({self.stream_chunks}) must divide ppo_minibatches "
                                  f"({self.ppo_minibatches}) and prompts_per_step ({self.prompts_per_step}): each chunk "
                                  "is whole minibatches of whole groups")
+        if self.train_microbatch_tokens is not None and self.train_microbatch_tokens < self.max_seq_len:
+            raise ValueError(f"train_microbatch_tokens ({self.train_microbatch_tokens}) is below the longest sequence "
+                             f"({self.max_seq_len}, prompt_len.max + response_len.max): a sequence is not split "
+                             "across micro-batches; raise it or leave it unset")
+        if self.lora_rank:
+            try:
+                check_lora(self.model, self.lora_rank)
+            except SpecError as err:
+                raise ValueError(str(err)) from None
         longest = "prompt_len.max + response_len.max" if self.agentic is None else (
             "prompt_len.max + agentic.turns.max x response_len.max + tool calls x agentic.tool_tokens.max")
         if self.max_seq_len > MAX_TOKENS:
@@ -130,6 +147,11 @@ class Workload(BaseModel):
     def generated_per_trained(self) -> float:
         """Samples generated per sample trained (dynamic sampling drops the rest): 1 without it."""
         return 1.0 if self.dynamic_sampling is None else self.dynamic_sampling.generated_per_trained
+
+    @property
+    def microbatch_tokens(self) -> int:
+        """Tokens per trainer micro-batch: the packing budget, or one longest sequence."""
+        return self.max_seq_len if self.train_microbatch_tokens is None else self.train_microbatch_tokens
 
     @property
     def max_seq_len(self) -> int:

@@ -17,6 +17,7 @@ from traces import CostModel, GpuType, ModelSpec, SpecError, get_model, load_clu
 from traces.cluster import DEFAULT_INTER_NODE_GB_PER_S, MAX_GB_PER_S, MIN_GB_PER_S
 from traces.costmodel.roofline import train_flops_per_token
 from traces.hardware import find_gpu, gpu_catalog
+from traces.lora import active_adapter_params, adapter_bytes, check_lora
 from traces.plan_check import ep_shards
 
 NODE_TP = (1, 2, 4, 8)
@@ -68,6 +69,7 @@ def register(sub: Any) -> None:
     t.add_argument("--gpus-per-node", type=positive_int, default=8)
     t.add_argument("--inter-node-gb-per-s", type=gb_per_s, default=DEFAULT_INTER_NODE_GB_PER_S,
                    help="per-GPU network bandwidth between nodes, GB/s")
+    _lora_arg(t)
     t.set_defaults(handler=train)
 
     s = stages.add_parser("sync", help="seconds to push new weights from a trainer to K engines")
@@ -80,6 +82,7 @@ def register(sub: Any) -> None:
                         f"link_gb_per_s counts both directions; default: half of it for one type, "
                         f"{DEFAULT_INTER_NODE_GB_PER_S:g} GB/s between types)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
+    _lora_arg(s)
     _cluster_arg(s)
     s.set_defaults(handler=sync)
 
@@ -89,6 +92,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="model preset (see rlfleet catalog)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     _cluster_arg(p)
+
+
+def _lora_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lora-rank", type=int, default=0, metavar="R",
+                   help="LoRA: a rank-R adapter on every linear layer trains (and syncs), the base is frozen "
+                        "(default 0: full fine-tuning)")
 
 
 def _cluster_arg(p: argparse.ArgumentParser) -> None:
@@ -205,7 +214,7 @@ def _max_sequences(cm: CostModel, gpu: GpuType, model: ModelSpec, args: argparse
     n = np.arange(1, 1025)
     mem = cm.train_memory_bytes(gpu, model, args.dp, args.tp, args.pp, microbatch_tokens=n * args.seq_len,
                                 seq_len=args.seq_len, zero_stage=args.zero_stage, recompute=args.recompute,
-                                ep=args.ep)
+                                ep=args.ep, lora_rank=args.lora_rank)
     ok = n[mem <= gpu.hbm_bytes]
     return int(ok.max()) if ok.size else 0
 
@@ -217,25 +226,32 @@ def train(args: argparse.Namespace) -> int:
     if args.tp > model.heads:
         raise SpecError(f"--tp {args.tp} exceeds the {model.heads} attention heads of {model.name}; lower --tp")
     _check_ep(model, args.ep, args.dp * args.tp, engine=False)
+    check_lora(model, args.lora_rank, "--lora-rank", "--lora-rank 0")
     mb = min(args.seq_len, args.tokens)
-    kw = {"seq_len": args.seq_len, "zero_stage": args.zero_stage, "recompute": args.recompute, "ep": args.ep}
+    kw = {"seq_len": args.seq_len, "zero_stage": args.zero_stage, "recompute": args.recompute, "ep": args.ep,
+          "lora_rank": args.lora_rank}
     est = cm.train(gpu, model, args.dp, args.tp, args.pp, args.tokens, microbatch_tokens=mb,
                    gpus_per_node=args.gpus_per_node, inter_node_bytes_per_s=args.inter_node_gb_per_s * 1e9, **kw)
     memory = float(cm.train_memory_bytes(gpu, model, args.dp, args.tp, args.pp, microbatch_tokens=mb, **kw))
     fits = memory <= gpu.hbm_bytes
     seconds = float(est.seconds)
     gpus = args.dp * args.tp * args.pp
-    mfu = float(train_flops_per_token(model, args.seq_len)) * args.tokens / (seconds * gpus * gpu.bf16_flops)
+    # model FLOPs per token (6 P + attention); a LoRA step does no weight-gradient GEMMs for the base (traces.lora)
+    flops = float(train_flops_per_token(model, args.seq_len))
+    if args.lora_rank:
+        flops += -2.0 * model.compute_params + 6.0 * active_adapter_params(model, args.lora_rank)
+    mfu = flops * args.tokens / (seconds * gpus * gpu.bf16_flops)
     obj = {
         "stage": "train", "gpu": gpu.name, "model": model.name, "dp": args.dp, "tp": args.tp, "pp": args.pp,
-        "ep": args.ep, "tokens": args.tokens, "seconds": seconds, "source": str(est.source), "fits": fits,
+        "ep": args.ep, "lora_rank": args.lora_rank, "tokens": args.tokens, "seconds": seconds,
+        "source": str(est.source), "fits": fits,
         "memory_bytes_per_gpu": memory, "max_batch": _max_sequences(cm, gpu, model, args), "mfu": mfu,
         "tokens_per_s": args.tokens / seconds,
     }
     verdict = "fits" if fits else "does NOT fit: raise --dp (ZeRO-3 shards states), --tp or --pp"
     emit(obj, args.json, [
-        f"train {model.name} on {gpus} x {gpu.name} (dp{args.dp} tp{args.tp} pp{args.pp}"
-        f"{_ep(args.ep).lower()}), {args.tokens:,} tokens:",
+        f"train {model.name}{f' (LoRA rank {args.lora_rank})' if args.lora_rank else ''} on {gpus} x {gpu.name} "
+        f"(dp{args.dp} tp{args.tp} pp{args.pp}{_ep(args.ep).lower()}), {args.tokens:,} tokens:",
         f"  {seconds:.3f} s per optimizer step ({args.tokens / seconds:,.0f} tokens/s, MFU {mfu:.1%})"
         f"  [source: {est.source}]",
         f"  memory: {memory / 1e9:.1f} GB per GPU of {gpu.hbm_gb:.0f} GB, {verdict}; "
@@ -252,13 +268,17 @@ def sync(args: argparse.Namespace) -> int:
         path = src.link_bytes_per_s  # same node type: assume the intra-node link
     else:
         path = DEFAULT_INTER_NODE_GB_PER_S * 1e9
-    est = cm.sync(src, model, args.engines, path)
+    check_lora(model, args.lora_rank, "--lora-rank", "--lora-rank 0")
+    est = cm.sync(src, model, args.engines, path, args.lora_rank)
     seconds = float(est.seconds)
+    size = adapter_bytes(model, args.lora_rank) if args.lora_rank else model.weight_bytes
+    what = f"'s rank-{args.lora_rank} LoRA adapter" if args.lora_rank else ""
     obj = {"stage": "sync", "from": src.name, "to": dst.name, "model": model.name, "engines": args.engines,
-           "seconds": seconds, "source": str(est.source), "bytes": model.weight_bytes, "path_bytes_per_s": path}
+           "seconds": seconds, "source": str(est.source), "bytes": size, "path_bytes_per_s": path,
+           "lora_rank": args.lora_rank}
     emit(obj, args.json, [
-        f"sync {model.name} ({model.weight_bytes / 1e9:.1f} GB) from {src.name} to {args.engines} {dst.name} "
-        f"engine(s) over {path / 1e9:.0f} GB/s:",
+        f"sync {model.name}{what} ({size / 1e9:.3g} GB) from {src.name} to {args.engines} "
+        f"{dst.name} engine(s) over {path / 1e9:.0f} GB/s:",
         f"  {seconds:.3f} s  [source: {est.source}]",
     ])
     return 0

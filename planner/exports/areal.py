@@ -80,6 +80,16 @@ def config(plan: Plan, cluster: Cluster, workload: Workload, names: list[str]) -
     out["rollout"].update(names_of)
     if plan.max_concurrent_rollouts is not None:
         out["rollout"]["max_concurrent_rollouts"] = plan.max_concurrent_rollouts
+    if workload.lora_rank:
+        if not out["actor"]["backend"].startswith("fsdp"):
+            raise SpecError(f"workload: lora_rank {workload.lora_rank} with a {out['actor']['backend']} trainer; AReaL "
+                            "trains LoRA on FSDP only (TrainEngineConfig.use_lora): re-plan with a tp1 pp1 trainer "
+                            "or set lora_rank: 0")
+        # every linear layer adapted, as rlfleet prices it (traces.lora); the engines load the adapter
+        out["actor"].update({"use_lora": True, "lora_rank": workload.lora_rank, "lora_alpha": 2 * workload.lora_rank,
+                             "target_modules": ["all-linear"]})
+        out["rollout"]["use_lora"] = True
+        out["vllm"] = {"enable_lora": True, "max_lora_rank": workload.lora_rank}
     if colocated:
         # the actor starts first (areal/trainer/rl_trainer.py), so the rollout joins its workers
         out["rollout"]["scheduling_strategy"] = {"type": "colocation", "target": "actor"}

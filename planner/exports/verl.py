@@ -83,6 +83,15 @@ def spec(plan: Plan, cluster: Cluster, workload: Workload, recipe: str | None = 
     if t.ep > 1:  # Megatron-Core expert parallelism over ep of the dp x tp ranks, experts whole
         over += [f"actor_rollout_ref.actor.megatron.expert_model_parallel_size={t.ep}",
                  "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1"]
+    if workload.lora_rank:
+        if megatron:
+            raise SpecError(f"workload: lora_rank {workload.lora_rank} with a Megatron trainer (tp {t.tp}, pp {t.pp}, "
+                            f"ep {t.ep}); the export sets verl's LoRA for FSDP actors (actor_rollout_ref.model."
+                            "lora_rank): re-plan with a tp1 pp1 trainer or set lora_rank: 0")
+        # every linear layer adapted, as rlfleet prices it (traces.lora); the rollout loads the adapter
+        over += [f"actor_rollout_ref.model.lora_rank={workload.lora_rank}",
+                 f"actor_rollout_ref.model.lora_alpha={2 * workload.lora_rank}",
+                 "actor_rollout_ref.model.target_modules=all-linear"]
     a = workload.agentic
     if a is not None:  # verl's tool agent loop: an episode's turns, tool results cut at their cap
         prefix = "actor_rollout_ref.rollout.multi_turn"

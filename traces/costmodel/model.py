@@ -17,6 +17,7 @@ from traces.costmodel.cuda_graphs import eager_overhead_seconds
 from traces.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from traces.costmodel.tables import KEYS, ProfileTable
 from traces.hardware import GpuType
+from traces.lora import table_name
 from traces.models import ModelSpec
 from traces.moe import attention_replicas
 
@@ -98,15 +99,18 @@ class CostModel:
         *, seq_len: ArrayLike = 4096, microbatch_tokens: ArrayLike | None = None, zero_stage: int = 3,
         recompute: str = "selective", virtual_stages: int = 1, gpus_per_node: int = 8,
         inter_node_bytes_per_s: float = 50e9, ep: ArrayLike = 1, last_stage_layers: ArrayLike | None = None,
+        lora_rank: int = 0,
     ) -> Estimate:
         """Seconds of one optimizer step over `tokens` tokens (sequences `seq_len` long).
 
         `last_stage_layers`: decoder layers on the last pipeline rank, which also holds the LM head and
         the loss (None: layers / pp, Megatron's even split; fewer where the split accounts for the
-        loss, e.g. Megatron's --account-for-loss-in-pipeline-split): roofline.train_seconds."""
+        loss, e.g. Megatron's --account-for-loss-in-pipeline-split): roofline.train_seconds.
+        `lora_rank` > 0: a LoRA adapter trains, the base is frozen (traces.lora); measured rows of it
+        are filed under their own model name (traces.lora.table_name), apart from full fine-tuning."""
         return self._train_like("train", gpu, model, dp, tp, pp, tokens, seq_len, microbatch_tokens,
                                 zero_stage, recompute, virtual_stages, gpus_per_node, inter_node_bytes_per_s, ep,
-                                last_stage_layers)
+                                last_stage_layers, lora_rank)
 
     def logprob(
         self, gpu: GpuType, model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, tokens: ArrayLike,
@@ -118,25 +122,28 @@ class CostModel:
         return self._train_like("logprob", gpu, model, dp, tp, pp, tokens, seq_len, microbatch_tokens,
                                 zero_stage, "none", 1, gpus_per_node, inter_node_bytes_per_s, ep, last_stage_layers)
 
-    def sync(self, trainer_gpu: GpuType, model: ModelSpec, engines: ArrayLike, path_bytes_per_s: ArrayLike) -> Estimate:
-        """Seconds to push new weights from trainer rank 0 to `engines` engines over the path."""
+    def sync(self, trainer_gpu: GpuType, model: ModelSpec, engines: ArrayLike, path_bytes_per_s: ArrayLike,
+             lora_rank: int = 0) -> Estimate:
+        """Seconds to push new weights from trainer rank 0 to `engines` engines over the path (a LoRA
+        adapter alone when `lora_rank` > 0, measured under its own name: traces.lora.table_name)."""
         eff = self.efficiency
         return self._blend(
             "sync", trainer_gpu, model, {}, {"batch": engines},
-            lambda k, a: rf.sync_seconds(model, a["batch"], path_bytes_per_s, eff),
+            lambda k, a: rf.sync_seconds(model, a["batch"], path_bytes_per_s, eff, lora_rank),
+            table_model=table_name(model, lora_rank),
         )
 
     def colocate_switch(
         self, gpu: GpuType, model: ModelSpec, engine_tp: ArrayLike, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike,
         *, zero_stage: int = 3, ep: ArrayLike = 1, offload: tuple[bool, bool, bool] = (True, True, True),
-        engine_sleep: int = 1,
+        engine_sleep: int = 1, lora_rank: int = 0,
     ) -> Estimate:
         """Seconds of one hand-over of colocated GPUs between engine and trainer (roofline only):
         `offload` says which of the trainer's weights, gradients, optimizer states move to the host,
         `engine_sleep` is vLLM's sleep level (roofline.colocate_switch_seconds)."""
         secs = np.asarray(rf.colocate_switch_seconds(gpu, model, engine_tp, dp, tp, pp, self.efficiency,
                                                      zero_stage=zero_stage, ep=ep, offload=offload,
-                                                     engine_sleep=engine_sleep), float)
+                                                     engine_sleep=engine_sleep, lora_rank=lora_rank), float)
         return Estimate(secs, np.full(secs.shape, ROOFLINE, dtype=object))
 
     # ---- memory ------------------------------------------------------------------------
@@ -156,10 +163,11 @@ class CostModel:
     def train_memory_bytes(
         self, gpu: GpuType, model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, *,
         microbatch_tokens: ArrayLike = 4096, seq_len: ArrayLike = 4096, zero_stage: int = 3,
-        recompute: str = "selective", ep: ArrayLike = 1,
+        recompute: str = "selective", ep: ArrayLike = 1, lora_rank: int = 0,
     ) -> np.ndarray:
         return rf.train_memory_bytes(gpu, model, dp, tp, pp, self.efficiency, microbatch_tokens=microbatch_tokens,
-                                     seq_len=seq_len, zero_stage=zero_stage, recompute=recompute, ep=ep)
+                                     seq_len=seq_len, zero_stage=zero_stage, recompute=recompute, ep=ep,
+                                     lora_rank=lora_rank)
 
     def train_fits(
         self, gpu: GpuType, model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, **kw: object
@@ -196,7 +204,7 @@ class CostModel:
         self, stage: str, gpu: GpuType, model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike,
         tokens: ArrayLike, seq_len: ArrayLike, microbatch_tokens: ArrayLike | None, zero_stage: int,
         recompute: str, virtual_stages: int, gpus_per_node: int, inter_node: float, ep: ArrayLike,
-        last_stage_layers: ArrayLike | None = None,
+        last_stage_layers: ArrayLike | None = None, lora_rank: int = 0,
     ) -> Estimate:
         eff = self.efficiency
         mb = seq_len if microbatch_tokens is None else microbatch_tokens
@@ -206,14 +214,17 @@ class CostModel:
                 gpu, model, k["dp"], k["tp"], k["pp"], a["tokens"], eff, seq_len=seq_len, microbatch_tokens=mb,
                 zero_stage=zero_stage, recompute=recompute, virtual_stages=virtual_stages,
                 gpus_per_node=gpus_per_node, inter_node_bytes_per_s=inter_node, forward_only=stage == "logprob",
-                ep=k["ep"], last_stage_layers=last_stage_layers,
+                ep=k["ep"], last_stage_layers=last_stage_layers, lora_rank=lora_rank,
             )
 
-        return self._blend(stage, gpu, model, {"dp": dp, "tp": tp, "pp": pp, "ep": ep}, {"tokens": tokens}, roof)
+        # a LoRA step is measured apart from full fine-tuning of the same model (traces.lora.table_name)
+        name = table_name(model, lora_rank) if stage == "train" else model.name
+        return self._blend(stage, gpu, model, {"dp": dp, "tp": tp, "pp": pp, "ep": ep}, {"tokens": tokens}, roof,
+                           table_model=name)
 
     def _blend(
         self, stage: str, gpu: GpuType, model: ModelSpec, keys: dict[str, ArrayLike], axes: dict[str, ArrayLike],
-        roofline: Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], np.ndarray],
+        roofline: Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], np.ndarray], table_model: str = "",
     ) -> Estimate:
         arrays = np.broadcast_arrays(*[np.asarray(v, float) for v in (*keys.values(), *axes.values())])
         k = dict(zip(keys, arrays[: len(keys)], strict=True))
@@ -221,7 +232,7 @@ class CostModel:
         shape = arrays[0].shape if arrays else ()
         seconds = np.array(np.broadcast_to(np.asarray(roofline(k, a), float), shape))
         source = np.full(seconds.shape, ROOFLINE, dtype=object)
-        rows = self.tables.rows(stage, gpu.name, model.name) if len(self.tables) else None
+        rows = self.tables.rows(stage, gpu.name, table_model or model.name) if len(self.tables) else None
         if rows is None or rows.empty:
             return Estimate(seconds, source)
         key_names = KEYS[stage]

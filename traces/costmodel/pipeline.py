@@ -31,14 +31,15 @@ from traces.models import ModelSpec
 Array = NDArray[np.float64]
 
 
-def head_flops_per_token(model: ModelSpec, forward_only: bool = False) -> float:
-    """The output layer's matmul FLOPs per token: 2 V h forward, + 4 V h backward (data and weight grads)."""
-    return (2.0 if forward_only else 6.0) * model.vocab * model.hidden
+def head_flops_per_token(model: ModelSpec, forward_only: bool = False, frozen: bool = False) -> float:
+    """The output layer's matmul FLOPs per token: 2 V h forward, + 4 V h backward (data and weight
+    grads), or + 2 V h when the weights are frozen (LoRA: data gradients only)."""
+    return (2.0 if forward_only else 4.0 if frozen else 6.0) * model.vocab * model.hidden
 
 
 def stage_imbalance(
     model: ModelSpec, pp: ArrayLike, per_token: ArrayLike, *, forward_only: bool = False,
-    last_stage_layers: ArrayLike | None = None,
+    last_stage_layers: ArrayLike | None = None, frozen: bool = False,
 ) -> Array:
     """The slowest pipeline rank's compute over the mean rank's (1 without pipelining).
 
@@ -48,7 +49,7 @@ def stage_imbalance(
     """
     p = np.asarray(pp, dtype=np.float64)
     total = np.asarray(per_token, dtype=np.float64)
-    head = head_flops_per_token(model, forward_only)
+    head = head_flops_per_token(model, forward_only, frozen)
     per_layer = np.maximum(total - head, 0.0) / model.layers
     if last_stage_layers is None:
         last_layers = model.layers / np.maximum(p, 1.0)

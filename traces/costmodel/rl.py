@@ -2,8 +2,9 @@
 
 One trainer step over a batch: the proximal policy's logprobs (unless the engines returned them:
 `rollout_logprobs`), the reference policy's where the loss has a KL term, then `ppo_minibatches`
-optimizer steps over equal slices of the batch. A streaming trainer (`Workload.stream_chunks`)
-runs this over each chunk with its share of the minibatches.
+optimizer steps over equal slices of the batch, each in micro-batches of `Workload.microbatch_tokens`
+tokens; a LoRA job (`lora_rank`) trains its adapter alone. A streaming trainer
+(`Workload.stream_chunks`) runs this over each chunk with its share of the minibatches.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def trainer_step_seconds(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(logprob seconds, train seconds) of one step over `tokens` tokens (or of one streaming chunk
     of `minibatches` optimizer steps); vectorised over configs."""
-    kw = {"seq_len": workload.mean_tokens_per_sample, "microbatch_tokens": workload.max_seq_len,
+    kw = {"seq_len": workload.mean_tokens_per_sample, "microbatch_tokens": workload.microbatch_tokens,
           "zero_stage": zero_stage, "gpus_per_node": gpus_per_node, "inter_node_bytes_per_s": inter_node_bytes_per_s,
           "ep": ep}
     # the old policy's logprobs (recomputed unless the engines returned them) and the reference's
@@ -33,7 +34,7 @@ def trainer_step_seconds(
     m = workload.ppo_minibatches if minibatches is None else minibatches
     logprob = passes * cm.logprob(gpu, workload.model, dp, tp, pp, tokens, **kw).seconds
     train = m * cm.train(gpu, workload.model, dp, tp, pp, np.asarray(tokens, float) / m, recompute=recompute,
-                         **kw).seconds
+                         lora_rank=workload.lora_rank, **kw).seconds
     return logprob, train
 
 
@@ -42,8 +43,9 @@ def trainer_fits(
     *, zero_stage: int, recompute: str, ep: ArrayLike = 1,
 ) -> np.ndarray:
     """Whether the trainer's weights, optimizer states and one micro-batch fit in HBM."""
-    return cm.train_fits(gpu, workload.model, dp, tp, pp, microbatch_tokens=workload.max_seq_len,
-                         seq_len=workload.mean_tokens_per_sample, zero_stage=zero_stage, recompute=recompute, ep=ep)
+    return cm.train_fits(gpu, workload.model, dp, tp, pp, microbatch_tokens=workload.microbatch_tokens,
+                         seq_len=workload.mean_tokens_per_sample, zero_stage=zero_stage, recompute=recompute, ep=ep,
+                         lora_rank=workload.lora_rank)
 
 
 def colocated_resident_bytes(workload: Workload, trainer: TrainerGroup, offload: Offload) -> float:
@@ -51,7 +53,7 @@ def colocated_resident_bytes(workload: Workload, trainer: TrainerGroup, offload:
     (those `offload` does not move to the host): the engine's share of HBM is at most what they leave
     free (roofline.kv_capacity_tokens)."""
     parts = train_state_parts(workload.model, trainer.dp, trainer.tp, trainer.pp, zero_stage=trainer.zero_stage,
-                              ep=trainer.ep)
+                              ep=trainer.ep, lora_rank=workload.lora_rank)
     return float(sum(float(part) for part, moved in zip(parts, offload.trainer_parts, strict=True) if not moved))
 
 
@@ -61,6 +63,7 @@ def colocated_trainer_fits(cm: CostModel, gpu: GpuType, workload: Workload, trai
     its share of HBM (Efficiency.engine_memory_fraction, vLLM's gpu_memory_utilization) throughout."""
     engine = gpu.hbm_bytes * cm.efficiency.engine_memory_fraction if offload.engine_sleep == 0 else 0.0
     need = cm.train_memory_bytes(gpu, workload.model, trainer.dp, trainer.tp, trainer.pp,
-                                 microbatch_tokens=workload.max_seq_len, seq_len=workload.mean_tokens_per_sample,
-                                 zero_stage=trainer.zero_stage, recompute=trainer.recompute, ep=trainer.ep)
+                                 microbatch_tokens=workload.microbatch_tokens, seq_len=workload.mean_tokens_per_sample,
+                                 zero_stage=trainer.zero_stage, recompute=trainer.recompute, ep=trainer.ep,
+                                 lora_rank=workload.lora_rank)
     return bool(float(need) + engine <= gpu.hbm_bytes)

@@ -30,6 +30,7 @@ from traces.costmodel.experts import (
 )
 from traces.costmodel.pipeline import stage_imbalance
 from traces.hardware import GpuType
+from traces.lora import active_adapter_params, adapter_bytes, adapter_params, adapter_tensors
 from traces.models import ModelSpec
 from traces.moe import attention_replicas
 
@@ -206,6 +207,7 @@ def train_seconds(
     forward_only: bool = False,
     ep: ArrayLike = 1,
     last_stage_layers: ArrayLike | None = None,
+    lora_rank: int = 0,
 ) -> Array:
     """One optimizer step over N tokens on dp x tp x pp GPUs (or one forward pass if forward_only).
 
@@ -218,22 +220,27 @@ def train_seconds(
         a share `comm_overlap` hidden behind compute (never less than what compute cannot hide);
         with EP the expert part is 2(edp-1)/edp W_experts/(ep pp) over edp = dp tp / ep ranks.
     EP: the all-to-alls of experts.train_alltoall_seconds, exposed.
+    LoRA (`lora_rank` > 0, traces.lora): the frozen base has no weight-gradient pass and no gradients
+    to reduce (ZeRO-3 still gathers it for the forward and the backward); the adapter adds its own.
     """
     d, t, p, n = _f(dp), _f(tp), _f(pp), _f(tokens)
     s, mb = _f(seq_len), _f(microbatch_tokens)
     gpus = d * t * p
+    lora = lora_rank > 0 and not forward_only
     if forward_only:
         per_token = 2.0 * model.compute_params + 4.0 * model.layers * s * model.attn_dim
     else:
         per_token = train_flops_per_token(model, s) + _recompute_flops_per_token(model, s, recompute)
+    if lora:  # no weight-gradient GEMMs for the frozen base; the adapter's forward and backward are its own
+        per_token = per_token - 2.0 * model.compute_params + 6.0 * active_adapter_params(model, lora_rank)
     # routed experts run below the dense matmul rate (Efficiency.expert_matmul): their extra time as FLOPs
-    matmul_passes = 1.0 if forward_only else 3.0 + (1.0 if recompute == "full" else 0.0)
+    matmul_passes = 1.0 if forward_only else (2.0 if lora else 3.0) + (1.0 if recompute == "full" else 0.0)
     per_token = per_token + routed_flops_per_token(model, matmul_passes) * (1 / expert_train_matmul(eff) - 1)
     fill = mb / (mb + eff.train_half_tokens)  # small micro-batches leave the GPU part idle
     compute = per_token * n / (gpus * gpu.bf16_flops * (gpu.matmul_ceiling * eff.train_matmul) * fill)
     # the pipeline runs at its slowest stage: the last one, which also holds the LM head and the loss
     compute = compute * stage_imbalance(model, p, per_token, forward_only=forward_only,
-                                        last_stage_layers=last_stage_layers)
+                                        last_stage_layers=last_stage_layers, frozen=lora)
     microbatches = np.maximum(np.ceil(n / d / mb), 1.0)
     # a fixed cost per MoE layer of the stage, per pass and micro-batch (Efficiency.moe_layer_overhead_s)
     compute = compute + microbatches * matmul_passes * (model.moe_layers / p) * eff.moe_layer_overhead_s
@@ -252,10 +259,13 @@ def train_seconds(
     # Forward: ZeRO-3 gathers parameters once. Step: reduce-scatter + all-gather of gradients,
     # plus ZeRO-3's second parameter gather in the backward pass.
     gathers = 1.0 if zero_stage == 3 else 0.0
-    volume = gathers if forward_only else 2.0 + gathers
+    # LoRA: the frozen base is gathered for the forward and again for the backward, never reduced
+    volume = gathers if forward_only else 2.0 * gathers if lora else 2.0 + gathers
     dp_bw = _dp_bandwidth(gpu, t, p, d, gpus_per_node, inter_node_bytes_per_s)
     dp_comm = np.where(d > 1, volume * (d - 1) / d * shard_bytes / dp_bw, 0.0)
     dp_comm = dp_comm + np.where(edp > 1, volume * (edp - 1) / edp * expert_shard / dp_bw, 0.0)
+    if lora:  # the adapter's gradients: an all-reduce over all data-parallel ranks
+        dp_comm = dp_comm + np.where(d > 1, 2.0 * (d - 1) / d * adapter_bytes(model, lora_rank) / (t * p) / dp_bw, 0.0)
     exposed = np.maximum((1 - eff.comm_overlap) * dp_comm, dp_comm - compute)
     a2a_passes = 1.0 if forward_only else 2.0 + (1.0 if recompute == "full" else 0.0)
     a2a = train_alltoall_seconds(model, d, t, p, e, n, eff, passes=a2a_passes, link_bytes_per_s=gpu.link_bytes_per_s,
@@ -276,6 +286,7 @@ def train_memory_bytes(
     zero_stage: int = 3,
     recompute: str = "selective",
     ep: ArrayLike = 1,
+    lora_rank: int = 0,
 ) -> Array:
     """Peak bytes per GPU of mixed-precision Adam training: states (train_state_bytes) + activations.
 
@@ -286,7 +297,7 @@ def train_memory_bytes(
     t = _f(tp)
     p = _f(pp)
     mb, s = _f(microbatch_tokens), _f(seq_len)
-    states = train_state_bytes(model, dp, tp, pp, zero_stage=zero_stage, ep=ep)
+    states = train_state_bytes(model, dp, tp, pp, zero_stage=zero_stage, ep=ep, lora_rank=lora_rank)
     h = model.hidden
     if recompute == "full":
         per_layer = 2.0 * h * mb
@@ -301,25 +312,30 @@ def train_memory_bytes(
 
 
 def train_state_bytes(model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, *, zero_stage: int = 3,
-                      ep: ArrayLike = 1) -> Array:
+                      ep: ArrayLike = 1, lora_rank: int = 0) -> Array:
     """Bytes per GPU of weights, gradients and Adam states (ZeRO paper, Rajbhandari et al. 2020).
 
     2 (bf16 weights) + 2 (grads) + 12 (fp32 master, m, v) bytes/param over tp pp; ZeRO stage
     1/2/3 shards the optimizer / +grads / +weights over dp. Routed experts (all of them, not only
     the active ones) split over experts.expert_ways instead of tp, and ZeRO over dp tp / ways.
+    LoRA: the frozen base holds its bf16 weights only; the adapter all three (traces.lora).
     """
-    weights, grads, optim = train_state_parts(model, dp, tp, pp, zero_stage=zero_stage, ep=ep)
+    weights, grads, optim = train_state_parts(model, dp, tp, pp, zero_stage=zero_stage, ep=ep, lora_rank=lora_rank)
     return weights + grads + optim
 
 
 def train_state_parts(model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, *, zero_stage: int = 3,
-                      ep: ArrayLike = 1) -> tuple[Array, Array, Array]:
+                      ep: ArrayLike = 1, lora_rank: int = 0) -> tuple[Array, Array, Array]:
     """(weights, gradients, optimizer states) bytes per GPU, as train_state_bytes sums them."""
     d, t, p = _f(dp), _f(tp), _f(pp)
     ways = expert_ways(t, ep)
     dense = _sharded_states(model.params - model.expert_params, t * p, d, zero_stage)
     experts = _sharded_states(model.expert_params, ways * p, d * t / ways, zero_stage)
-    return dense[0] + experts[0], dense[1] + experts[1], dense[2] + experts[2]
+    weights = dense[0] + experts[0]
+    if lora_rank > 0:  # frozen base: its weights only; the adapter (sharded as the dense part) trains
+        adapter = _sharded_states(adapter_params(model, lora_rank), t * p, d, zero_stage)
+        return weights + adapter[0], adapter[1], adapter[2]
+    return weights, dense[1] + experts[1], dense[2] + experts[2]
 
 
 def _sharded_states(params: float, model_ways: Array, zero_ways: Array, zero_stage: int
@@ -338,7 +354,7 @@ def _sharded_states(params: float, model_ways: Array, zero_ways: Array, zero_sta
 def colocate_switch_seconds(
     gpu: GpuType, model: ModelSpec, engine_tp: ArrayLike, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike,
     eff: Efficiency, *, zero_stage: int = 3, ep: ArrayLike = 1,
-    offload: tuple[bool, bool, bool] = (True, True, True), engine_sleep: int = 1,
+    offload: tuple[bool, bool, bool] = (True, True, True), engine_sleep: int = 1, lora_rank: int = 0,
 ) -> Array:
     """One hand-over of colocated GPUs between the rollout engine and the trainer.
 
@@ -352,22 +368,25 @@ def colocate_switch_seconds(
     """
     engine = model.weight_bytes / _f(engine_tp) if engine_sleep == 1 else np.zeros_like(_f(engine_tp))
     if all(offload):  # the sum of the three, as train_state_bytes adds them
-        trainer = train_state_bytes(model, dp, tp, pp, zero_stage=zero_stage, ep=ep)
+        trainer = train_state_bytes(model, dp, tp, pp, zero_stage=zero_stage, ep=ep, lora_rank=lora_rank)
     else:
-        parts = train_state_parts(model, dp, tp, pp, zero_stage=zero_stage, ep=ep)
+        parts = train_state_parts(model, dp, tp, pp, zero_stage=zero_stage, ep=ep, lora_rank=lora_rank)
         trainer = sum((part for part, moved in zip(parts, offload, strict=True) if moved), np.zeros_like(parts[0]))
     fixed = eff.switch_fixed_s if engine_sleep else 0.0
     return fixed + np.maximum(engine, trainer) / (gpu.host_bytes_per_s * eff.host_copy)
 
 
-def sync_seconds(model: ModelSpec, engines: ArrayLike, path_bytes_per_s: ArrayLike, eff: Efficiency) -> Array:
+def sync_seconds(model: ModelSpec, engines: ArrayLike, path_bytes_per_s: ArrayLike, eff: Efficiency,
+                 lora_rank: int = 0) -> Array:
     """Broadcast the weights from trainer rank 0 to K engines.
 
     fixed + n_tensors x per-tensor latency + W / bw, and a chunked tree broadcast adds one chunk
-    time per extra tree level (ceil(log2(K+1)) levels).
+    time per extra tree level (ceil(log2(K+1)) levels). LoRA sends the adapter alone (traces.lora).
     """
     k, bw = _f(engines), _f(path_bytes_per_s)
-    chunk = np.minimum(model.weight_bytes, 256e6)
+    size = adapter_bytes(model, lora_rank) if lora_rank > 0 else model.weight_bytes
+    tensors = adapter_tensors(model) if lora_rank > 0 else model.n_tensors
+    chunk = np.minimum(size, 256e6)
     levels = np.ceil(np.log2(k + 1))
-    transfer = model.weight_bytes / bw + (levels - 1) * chunk / bw
-    return eff.sync_fixed_s + model.n_tensors * eff.sync_per_tensor_s + transfer
+    transfer = size / bw + (levels - 1) * chunk / bw
+    return eff.sync_fixed_s + tensors * eff.sync_per_tensor_s + transfer
