@@ -41,6 +41,9 @@ from traces.models import ModelSpec
 #   normal model math" (the post): a framework-bound trainer. Fitted, these four rows moved K5 and C24
 #   from -9% to -28% held out (bench/fidelity.py --quick, 2026-12-07).
 JUDGED_ONLY = {"hf-asyncgrpo-lora"}
+# Sources whose trainer runs Hugging Face modules op by op (TrainerGroup.kernels 'eager',
+# traces.costmodel.elementwise): TRL's AsyncGRPOTrainer. The verl runs say so in their plan.json.
+EAGER_TRAINERS = {"hf-asyncgrpo-lora"}
 # Public checkpoints that share a catalog model's architecture (their config.json fields match).
 SAME_SHAPE = {"deepseek-r1-distill-qwen-1.5b": "qwen2.5-1.5b", "deepseek-r1-distill-qwen-7b": "qwen2.5-7b",
               "qwen2.5-math-1.5b": "qwen2.5-1.5b",
@@ -173,6 +176,7 @@ def _train(row: CalibrationRow, model: ModelSpec, gpu: GpuType) -> Callable[[Cos
     lora = re.search(r"\bLoRA r(\d+)", row.layout)  # a rank-r adapter trains, the base is frozen (traces.lora)
     forward = "forward only" in row.layout  # the step's forward pass timed alone (TRL's perf/fwd_s)
     kw = {"seq_len": seq, "microbatch_tokens": lay.pop("mbt", seq * mbs), "zero_stage": zero, "recompute": recompute,
+          "kernels": "eager" if row.source_key in EAGER_TRAINERS else "fused",
           "virtual_stages": vp, "gpus_per_node": NODE_SIZE.get(gpu.name, 8),
           "inter_node_bytes_per_s": INTER_NODE.get(gpu.name, 50e9), "last_stage_layers": LAST_STAGE_LAYERS.get(row.id)}
 
@@ -269,9 +273,10 @@ RUN_STEPS = {"relax-task22-qwen3-0.6b": 48}
 RUN_ENGINE_SHARE = {"verl-7412-qwen3-4b": 0.5, "verl-retool-qwen2.5-32b": 0.9}
 
 
-def run_phases(run: str, cm: CostModel) -> dict[str, float]:
-    """Mean simulated phases (sim.breakdown.mean_phases) of a written-down run, memoised per cost model."""
-    key = (run, id(cm.tables), cm.efficiency)
+def run_phases(run: str, cm: CostModel, kernels: str | None = None) -> dict[str, float]:
+    """Mean simulated phases (sim.breakdown.mean_phases) of a written-down run, memoised per cost model;
+    `kernels` prices its trainer with other kernels than its plan says (TrainerGroup.kernels)."""
+    key = (run, id(cm.tables), cm.efficiency, kernels)
     if key not in _PHASES:
         from importlib import resources
 
@@ -281,6 +286,8 @@ def run_phases(run: str, cm: CostModel) -> dict[str, float]:
 
         d = resources.files("traces").joinpath("data", "runs", RUN_DIRS[run])
         plan = load_plan(str(d / "plan.json"))
+        if kernels is not None:
+            plan = plan.model_copy(update={"trainer": plan.trainer.model_copy(update={"kernels": kernels})})
         share = RUN_ENGINE_SHARE.get(run, cm.efficiency.engine_memory_fraction)
         run_cm = replace(cm, efficiency=replace(cm.efficiency, engine_memory_fraction=share))
         r = simulate(load_cluster(str(d / "cluster.yaml")), load_workload(str(d / "workload.yaml")), plan, run_cm,
@@ -289,7 +296,7 @@ def run_phases(run: str, cm: CostModel) -> dict[str, float]:
     return _PHASES[key]
 
 
-_PHASES: dict[tuple[str, int, object], dict[str, float]] = {}
+_PHASES: dict[tuple[str, int, object, str | None], dict[str, float]] = {}
 
 
 def _rl_step(row: CalibrationRow) -> Callable[[CostModel], float] | str:

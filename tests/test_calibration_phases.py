@@ -43,16 +43,18 @@ GEN = ("generation -47% (with the engines' sleep, half the simulated switch, as 
        "each engine gets vLLM's own 50% share at verl's default gpu_memory_utilization "
        "(244k KV tokens; the resident trainer states fit in the other half), so the rest is not memory; "
        "not the peak, not the link: see above")
-LOGPROB = ("logprob passes -57% (52 TFLOP/s per GPU logged, 32% of peak; padding excluded, see above); not "
-           "modelled, a candidate: FSDP all-gathers the parameters for every micro-batch, host-staged over "
-           "PCIe here; the cost model prices one gather a pass")
-TRAIN = ("update_actor -74% with full recompute (verl's enable_gradient_checkpointing default; 24 TFLOP/s per GPU "
-         "logged, 15% MFU, 19% with the recompute); not modelled, candidates: FSDP re-gathers parameters and "
-         "reduce-scatters gradients every micro-batch (priced once a step), host-staged over PCIe 4.0")
+LOGPROB = ("logprob passes -46% (52 TFLOP/s per GPU logged, 32% of peak; padding excluded, see above; -57% "
+           "before the eager trainer's traffic between GEMMs, traces/costmodel/elementwise.py); not modelled, a "
+           "candidate: FSDP all-gathers the parameters for every micro-batch, host-staged over PCIe here; the "
+           "cost model prices one gather a pass")
+TRAIN = ("update_actor -67% with full recompute (verl's enable_gradient_checkpointing default; 24 TFLOP/s per GPU "
+         "logged, 15% MFU, 19% with the recompute; -74% before the eager traffic); not modelled, candidates: FSDP "
+         "re-gathers parameters and reduce-scatters gradients every micro-batch (priced once a step), "
+         "host-staged over PCIe 4.0")
 SYNC = ("update_weights -80% (the engines' wake-up, half the simulated switch, and the push, as verl's timer "
         "holds them); not modelled: verl's FSDP -> vLLM resharding (full tensors gathered, loaded one by one) "
         "is priced as one broadcast")
-STEP = "step -59%: the sum of the misses above"
+STEP = "step -55%: the sum of the misses above"
 
 
 def _within_20_percent(row_id: str) -> None:
@@ -217,13 +219,15 @@ def test_relax_rows_add_up_and_wait_holds_the_publication() -> None:
 
 # The ReTool run (C78-C81): verl's ReTool recipe, Qwen2.5-32B on one node of eight H200, colocated, step 1 of
 # github:bojieli/ai-agent-book chapter7/retool/README.md @4a8df46 (the run in traces/data/runs/
-# verl-retool-qwen2.5-32b-8xh200). Shipped cost model, my run (2026-12-04): gen -12.6% (2210 s predicted as wait
-# + switch + sync), logprob -31.4% (360 s), train -19.7% (1441 s), step -17.3% (4011 s). The logged old-policy
-# pass runs 24.9M tokens in 525 s, 2 x 32.8e9 x 24.9e6 FLOPs at 39% of the H200's bf16 peak; the cost model
-# prices it at 57%, the same share it gives the training pass (46% logged, with the recompute).
-RETOOL_LOGPROB = ("old_log_prob -31% (360 s predicted, 525 s logged): the FSDP forward of Hugging Face modules "
-                  "with Ulysses sequence parallel 8 runs at 39% of the bf16 peak, the cost model's train_matmul "
-                  "(fitted to Megatron and torchtitan rows) at 57%; Ulysses' all-to-all per layer is not priced")
+# verl-retool-qwen2.5-32b-8xh200). Shipped cost model, my run (2026-12-07, the trainer's kernels eager as verl's
+# FSDP workers run them: traces/costmodel/elementwise.py): gen -12.6% (2210 s predicted as wait + switch + sync),
+# logprob -24.0% (399 s), train -11.0% (1597 s), step -13.3% (4206 s); fused (2026-12-04) they were -12.6%,
+# -31.4%, -19.7%, -17.3%. The logged old-policy pass runs 24.9M tokens in 525 s, 2 x 32.8e9 x 24.9e6 FLOPs at
+# 39% of the H200's bf16 peak; the cost model prices its GEMMs at 57%, the share it gives the training pass.
+RETOOL_LOGPROB = ("old_log_prob -24% (399 s predicted, 525 s logged): the FSDP forward of Hugging Face modules "
+                  "with Ulysses sequence parallel 8 runs at 39% of the bf16 peak; the cost model's GEMMs at 57% "
+                  "(train_matmul, fitted to Megatron and torchtitan rows) plus the eager traffic between them; "
+                  "Ulysses' all-to-all per layer is not priced")
 
 
 @pytest.mark.parametrize("row_id", [

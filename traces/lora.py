@@ -50,6 +50,11 @@ def _linears_per_layer(model: ModelSpec, experts: int) -> list[tuple[int, int]]:
     return out + [(h, model.moe.experts)] + per_expert * (experts + model.moe.shared_experts)
 
 
+def adapted_linears(model: ModelSpec) -> list[tuple[int, int]]:
+    """(d_in, d_out) of the adapted projections one token passes in a layer (its routed experts only)."""
+    return _linears_per_layer(model, 0 if model.moe is None else model.moe.experts_per_token)
+
+
 def _layer_sum(model: ModelSpec, experts: int) -> int:
     """Sum of d_in + d_out over the adapted projections of all decoder layers."""
     def width(linears: list[tuple[int, int]]) -> int:

@@ -99,7 +99,7 @@ class CostModel:
         *, seq_len: ArrayLike = 4096, microbatch_tokens: ArrayLike | None = None, zero_stage: int = 3,
         recompute: str = "selective", virtual_stages: int = 1, gpus_per_node: int = 8,
         inter_node_bytes_per_s: float = 50e9, ep: ArrayLike = 1, last_stage_layers: ArrayLike | None = None,
-        lora_rank: int = 0,
+        lora_rank: int = 0, kernels: str = "fused",
     ) -> Estimate:
         """Seconds of one optimizer step over `tokens` tokens (sequences `seq_len` long).
 
@@ -107,20 +107,22 @@ class CostModel:
         the loss (None: layers / pp, Megatron's even split; fewer where the split accounts for the
         loss, e.g. Megatron's --account-for-loss-in-pipeline-split): roofline.train_seconds.
         `lora_rank` > 0: a LoRA adapter trains, the base is frozen (traces.lora); measured rows of it
-        are filed under their own model name (traces.lora.table_name), apart from full fine-tuning."""
+        are filed under their own model name (traces.lora.table_name), apart from full fine-tuning.
+        `kernels`: 'eager' for trainers that run the model op by op (costmodel.elementwise)."""
         return self._train_like("train", gpu, model, dp, tp, pp, tokens, seq_len, microbatch_tokens,
                                 zero_stage, recompute, virtual_stages, gpus_per_node, inter_node_bytes_per_s, ep,
-                                last_stage_layers, lora_rank)
+                                last_stage_layers, lora_rank, kernels)
 
     def logprob(
         self, gpu: GpuType, model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, tokens: ArrayLike,
         *, seq_len: ArrayLike = 4096, microbatch_tokens: ArrayLike | None = None, zero_stage: int = 3,
         gpus_per_node: int = 8, inter_node_bytes_per_s: float = 50e9, ep: ArrayLike = 1,
-        last_stage_layers: ArrayLike | None = None,
+        last_stage_layers: ArrayLike | None = None, kernels: str = "fused",
     ) -> Estimate:
         """Seconds of the forward-only logprob recompute pass over `tokens` tokens."""
         return self._train_like("logprob", gpu, model, dp, tp, pp, tokens, seq_len, microbatch_tokens,
-                                zero_stage, "none", 1, gpus_per_node, inter_node_bytes_per_s, ep, last_stage_layers)
+                                zero_stage, "none", 1, gpus_per_node, inter_node_bytes_per_s, ep, last_stage_layers,
+                                kernels=kernels)
 
     def sync(self, trainer_gpu: GpuType, model: ModelSpec, engines: ArrayLike, path_bytes_per_s: ArrayLike,
              lora_rank: int = 0) -> Estimate:
@@ -204,7 +206,7 @@ class CostModel:
         self, stage: str, gpu: GpuType, model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike,
         tokens: ArrayLike, seq_len: ArrayLike, microbatch_tokens: ArrayLike | None, zero_stage: int,
         recompute: str, virtual_stages: int, gpus_per_node: int, inter_node: float, ep: ArrayLike,
-        last_stage_layers: ArrayLike | None = None, lora_rank: int = 0,
+        last_stage_layers: ArrayLike | None = None, lora_rank: int = 0, kernels: str = "fused",
     ) -> Estimate:
         eff = self.efficiency
         mb = seq_len if microbatch_tokens is None else microbatch_tokens
@@ -214,10 +216,11 @@ class CostModel:
                 gpu, model, k["dp"], k["tp"], k["pp"], a["tokens"], eff, seq_len=seq_len, microbatch_tokens=mb,
                 zero_stage=zero_stage, recompute=recompute, virtual_stages=virtual_stages,
                 gpus_per_node=gpus_per_node, inter_node_bytes_per_s=inter_node, forward_only=stage == "logprob",
-                ep=k["ep"], last_stage_layers=last_stage_layers, lora_rank=lora_rank,
+                ep=k["ep"], last_stage_layers=last_stage_layers, lora_rank=lora_rank, kernels=kernels,
             )
 
-        # a LoRA step is measured apart from full fine-tuning of the same model (traces.lora.table_name)
+        # a LoRA step is measured apart from full fine-tuning of the same model (traces.lora.table_name);
+        # measured rows are the trainer's own: its kernels are in them, so they price either kind alike
         name = table_name(model, lora_rank) if stage == "train" else model.name
         return self._blend(stage, gpu, model, {"dp": dp, "tp": tp, "pp": pp, "ep": ep}, {"tokens": tokens}, roof,
                            table_model=name)

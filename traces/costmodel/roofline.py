@@ -20,6 +20,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from traces.costmodel.efficiency import Efficiency
+from traces.costmodel.elementwise import pass_bytes_per_token
 from traces.costmodel.experts import (
     alltoall_seconds,
     expert_train_matmul,
@@ -208,6 +209,7 @@ def train_seconds(
     ep: ArrayLike = 1,
     last_stage_layers: ArrayLike | None = None,
     lora_rank: int = 0,
+    kernels: str = "fused",
 ) -> Array:
     """One optimizer step over N tokens on dp x tp x pp GPUs (or one forward pass if forward_only).
 
@@ -222,6 +224,7 @@ def train_seconds(
     EP: the all-to-alls of experts.train_alltoall_seconds, exposed.
     LoRA (`lora_rank` > 0, traces.lora): the frozen base has no weight-gradient pass and no gradients
     to reduce (ZeRO-3 still gathers it for the forward and the backward); the adapter adds its own.
+    `kernels` 'eager': the HBM traffic of the ops outside the GEMMs (costmodel.elementwise) adds to compute.
     """
     d, t, p, n = _f(dp), _f(tp), _f(pp), _f(tokens)
     s, mb = _f(seq_len), _f(microbatch_tokens)
@@ -244,6 +247,10 @@ def train_seconds(
     microbatches = np.maximum(np.ceil(n / d / mb), 1.0)
     # a fixed cost per MoE layer of the stage, per pass and micro-batch (Efficiency.moe_layer_overhead_s)
     compute = compute + microbatches * matmul_passes * (model.moe_layers / p) * eff.moe_layer_overhead_s
+    # an eager trainer's norms, activations and loss head stream HBM between the GEMMs (costmodel.elementwise)
+    elementwise = pass_bytes_per_token(model, kernels, forward_only=forward_only, recompute=recompute,
+                                       lora_rank=lora_rank if lora else 0)
+    compute = compute + elementwise * n / (gpus * gpu.hbm_bytes_per_s * _memory_eff(gpu, eff))
     compute = compute * (1 + (p - 1) / (microbatches * virtual_stages))
 
     passes = 1 if forward_only else 2  # forward (+ backward): all-reduces per layer each
