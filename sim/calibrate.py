@@ -96,7 +96,8 @@ def profile_rows(cal: Calibration, cluster: Cluster, workload: Workload, plan: P
     gpu = cluster.resolve(t.gpu_type)
     batch_tokens = workload.samples_per_step * workload.mean_tokens_per_sample
     kw = {"seq_len": workload.mean_tokens_per_sample, "microbatch_tokens": workload.microbatch_tokens,
-          "zero_stage": t.zero_stage, **trainer_network(cluster, plan)}  # as the simulator prices the trainer
+          "zero_stage": t.zero_stage, "kernels": workload.trainer_kernels,
+          **trainer_network(cluster, plan)}  # as the simulator prices the trainer (traces.costmodel.rl)
     for tokens in np.unique(np.geomspace(max(1.0, batch_tokens / 64), batch_tokens * 4, 12).astype(int)):
         rows.append((gpu.name, "train", t.tp, t.pp, t.dp, 1, 0, int(tokens),
                      float(cm.train(gpu, model, t.dp, t.tp, t.pp, int(tokens), recompute=t.recompute,

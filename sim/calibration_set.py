@@ -41,8 +41,8 @@ from traces.models import ModelSpec
 #   normal model math" (the post): a framework-bound trainer. Fitted, these four rows moved K5 and C24
 #   from -9% to -28% held out (bench/fidelity.py --quick, 2026-12-07).
 JUDGED_ONLY = {"hf-asyncgrpo-lora"}
-# Sources whose trainer runs Hugging Face modules op by op (TrainerGroup.kernels 'eager',
-# traces.costmodel.elementwise): TRL's AsyncGRPOTrainer. The verl runs say so in their plan.json.
+# Sources whose trainer runs Hugging Face modules op by op (Workload.trainer_kernels 'eager',
+# traces.costmodel.elementwise): TRL's AsyncGRPOTrainer. The verl runs say so in their workload.yaml.
 EAGER_TRAINERS = {"hf-asyncgrpo-lora"}
 # Public checkpoints that share a catalog model's architecture (their config.json fields match).
 SAME_SHAPE = {"deepseek-r1-distill-qwen-1.5b": "qwen2.5-1.5b", "deepseek-r1-distill-qwen-7b": "qwen2.5-7b",
@@ -275,7 +275,7 @@ RUN_ENGINE_SHARE = {"verl-7412-qwen3-4b": 0.5, "verl-retool-qwen2.5-32b": 0.9}
 
 def run_phases(run: str, cm: CostModel, kernels: str | None = None) -> dict[str, float]:
     """Mean simulated phases (sim.breakdown.mean_phases) of a written-down run, memoised per cost model;
-    `kernels` prices its trainer with other kernels than its plan says (TrainerGroup.kernels)."""
+    `kernels` prices its trainer with other kernels than its workload says (Workload.trainer_kernels)."""
     key = (run, id(cm.tables), cm.efficiency, kernels)
     if key not in _PHASES:
         from importlib import resources
@@ -285,12 +285,12 @@ def run_phases(run: str, cm: CostModel, kernels: str | None = None) -> dict[str,
         from traces import load_cluster, load_plan, load_workload
 
         d = resources.files("traces").joinpath("data", "runs", RUN_DIRS[run])
-        plan = load_plan(str(d / "plan.json"))
+        plan, workload = load_plan(str(d / "plan.json")), load_workload(str(d / "workload.yaml"))
         if kernels is not None:
-            plan = plan.model_copy(update={"trainer": plan.trainer.model_copy(update={"kernels": kernels})})
+            workload = workload.model_copy(update={"trainer_kernels": kernels})
         share = RUN_ENGINE_SHARE.get(run, cm.efficiency.engine_memory_fraction)
         run_cm = replace(cm, efficiency=replace(cm.efficiency, engine_memory_fraction=share))
-        r = simulate(load_cluster(str(d / "cluster.yaml")), load_workload(str(d / "workload.yaml")), plan, run_cm,
+        r = simulate(load_cluster(str(d / "cluster.yaml")), workload, plan, run_cm,
                      steps=RUN_STEPS.get(run, _RUN_STEPS), seed=0)
         _PHASES[key] = mean_phases(r.timeline, plan.staleness)
     return _PHASES[key]

@@ -96,8 +96,7 @@ def _kind(cm: CostModel, gpu: GpuType, model: ModelSpec, g: RolloutGroup, cap_ru
 def _step_costs(cm: CostModel, cluster: Cluster, workload: Workload, plan: Plan
                 ) -> Callable[[int], tuple[float, float]]:
     t = plan.trainer
-    kw = {"zero_stage": t.zero_stage, "recompute": t.recompute, "ep": t.ep, "kernels": t.kernels,
-          **trainer_network(cluster, plan)}
+    kw = {"zero_stage": t.zero_stage, "recompute": t.recompute, "ep": t.ep, **trainer_network(cluster, plan)}
 
     gpu = cluster.gpu(t.gpu_type)
     memo: dict[int, tuple[float, float]] = {}  # steps of fixed-length samples repeat their token count

@@ -1,13 +1,14 @@
-"""An eager trainer's traffic between GEMMs (TrainerGroup.kernels, traces/costmodel/elementwise.py): counted
+"""An eager trainer's traffic between GEMMs (Workload.trainer_kernels, traces/costmodel/elementwise.py): counted
 from the op sequence of Hugging Face's decoder layer, weighing most on small models, moving the published
-eager-trainer phases towards what was logged and not past it, and validated as a plan field."""
+eager-trainer phases towards what was logged and not past it, priced by the planner as by the simulator, and
+validated as a workload field."""
 
 from __future__ import annotations
 
 import pytest
 
 from sim.calibration_set import PHASE_OF_UNIT, RUN_DIRS, case, run_phases
-from traces import CostModel, Plan, SpecError, get_gpu, get_model
+from traces import CostModel, SpecError, Workload, get_gpu, get_model
 from traces.calibration import load_calibration
 from traces.costmodel.elementwise import BACKWARD_PER_FORWARD, forward_bytes_per_token, pass_bytes_per_token
 from traces.io import validate
@@ -59,7 +60,7 @@ def test_eager_kernels_move_published_eager_trainer_phases_towards_the_log(row_i
         cs.EAGER_TRAINERS = saved
     shipped = CostModel()
     with_count = eager.predict(shipped)  # type: ignore[union-attr]
-    # a run's plan says kernels: eager; it is priced fused again
+    # a run's workload says trainer_kernels: eager; it is priced fused again
     without = fused.predict(shipped) if fused is not None else _fused_run_phase(row, shipped)  # type: ignore[union-attr]
     assert without < with_count <= row.value
 
@@ -69,9 +70,36 @@ def _fused_run_phase(row, cm: CostModel) -> float:  # type: ignore[no-untyped-de
     return sum(run_phases(row.run, cm, "fused")[p] for p in PHASE_OF_UNIT[row.unit])
 
 
+def test_the_planner_prices_an_eager_trainer_as_the_simulator_does() -> None:
+    """The MILP's trainer options read the workload's kernels (traces.costmodel.rl), so an eager trainer's
+    analytic step is the simulated one's: slower than fused, by the same cost-model call."""
+    from planner.candidates import candidates
+    from traces import Cluster
+    from traces.lengths import LengthDist
+
+    cluster = Cluster(name="c", node_groups=({"gpu_type": "H100", "nodes": 2},))
+    w = Workload(model=get_model("qwen2.5-1.5b"), prompts_per_step=64, group_size=8,
+                 prompt_len=LengthDist(kind="fixed", value=256), response_len=LengthDist(kind="fixed", value=1024))
+    best = {}
+    for kernels in ("fused", "eager"):
+        cand = candidates(CM, cluster, w.model_copy(update={"trainer_kernels": kernels}))
+        best[kernels] = min(t.step_seconds - cand.sync_seconds for t in cand.trainers)
+    assert best["eager"] > 1.05 * best["fused"]
+
+
 def test_a_bad_kernels_value_names_the_field() -> None:
-    raw = {"mode": "sync", "trainer": {"gpu_type": "H100", "kernels": "compiled"},
-           "rollout": [{"gpu_type": "H100", "instances": 1}]}
-    with pytest.raises(SpecError, match="kernels") as err:
-        validate(Plan, raw, "plan")
+    raw = {"model": "qwen2.5-1.5b", "prompts_per_step": 8, "prompt_len": {"kind": "fixed", "value": 128},
+           "response_len": {"kind": "fixed", "value": 512}, "trainer_kernels": "compiled"}
+    with pytest.raises(SpecError, match="trainer_kernels") as err:
+        validate(Workload, raw, "workload")
     assert "\n" not in str(err.value)
+
+
+def test_costs_train_prices_eager_kernels(cli) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    args = ("costs", "train", "--gpu", "H200", "--model", "qwen2.5-1.5b", "--tokens", "1000000", "--json")
+    fused, eager = (json.loads(cli(*args, *extra).out) for extra in ((), ("--kernels", "eager")))
+    assert eager["kernels"] == "eager" and eager["seconds"] > 1.2 * fused["seconds"]
+    bad = cli(*args, "--kernels", "compiled")
+    assert bad.code == 2 and "--kernels" in bad.err

@@ -78,10 +78,6 @@ class TrainerGroup(BaseModel):
     ep: int = Field(default=1, ge=1, le=1_000_000, description="expert-parallel ranks (divides dp x tp)")
     zero_stage: Literal[0, 1, 2, 3] = 3
     recompute: Literal["none", "selective", "full"] = "selective"
-    kernels: Literal["fused", "eager"] = Field(
-        default="fused", description="how the trainer runs the model: 'fused' (Megatron-Core with Transformer "
-        "Engine) or 'eager' (Hugging Face modules op by op, as verl's FSDP workers and TRL do: the traffic of the "
-        "ops between GEMMs adds, traces/costmodel/elementwise.py)")
     nodes: tuple[int, ...] = ()
 
     _gpu = field_validator("gpu_type", mode="before")(_canonical_gpu)

@@ -76,6 +76,10 @@ class Workload(BaseModel):
         default=None, ge=1, le=100_000_000, description="tokens a trainer GPU packs into one micro-batch "
         "(verl's ppo_max_token_len_per_gpu with use_dynamic_bsz, Relax's --max-tokens-per-gpu, TRL's token_budget); "
         "at least the longest sequence. None: one longest sequence per micro-batch")
+    trainer_kernels: Literal["fused", "eager"] = Field(
+        default="fused", description="how the trainer runs the model: 'fused' (Megatron-Core with Transformer "
+        "Engine) or 'eager' (Hugging Face modules op by op, as verl's FSDP workers and TRL do: the traffic of the "
+        "ops between GEMMs adds, traces/costmodel/elementwise.py)")
     lora_rank: int = Field(
         default=0, ge=0, le=65536, description="LoRA: the trainer trains a rank-r adapter on every linear layer "
         "and freezes the base (traces.lora; engines load the adapter at sync). 0: full fine-tuning")

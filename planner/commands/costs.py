@@ -69,6 +69,9 @@ def register(sub: Any) -> None:
     t.add_argument("--gpus-per-node", type=positive_int, default=8)
     t.add_argument("--inter-node-gb-per-s", type=gb_per_s, default=DEFAULT_INTER_NODE_GB_PER_S,
                    help="per-GPU network bandwidth between nodes, GB/s")
+    t.add_argument("--kernels", choices=("fused", "eager"), default="fused",
+                   help="fused: Megatron-Core with Transformer Engine (default); eager: Hugging Face modules op by "
+                        "op, as verl's FSDP workers and TRL run them (the traffic between GEMMs adds)")
     _lora_arg(t)
     t.set_defaults(handler=train)
 
@@ -231,7 +234,8 @@ def train(args: argparse.Namespace) -> int:
     kw = {"seq_len": args.seq_len, "zero_stage": args.zero_stage, "recompute": args.recompute, "ep": args.ep,
           "lora_rank": args.lora_rank}
     est = cm.train(gpu, model, args.dp, args.tp, args.pp, args.tokens, microbatch_tokens=mb,
-                   gpus_per_node=args.gpus_per_node, inter_node_bytes_per_s=args.inter_node_gb_per_s * 1e9, **kw)
+                   gpus_per_node=args.gpus_per_node, inter_node_bytes_per_s=args.inter_node_gb_per_s * 1e9,
+                   kernels=args.kernels, **kw)
     memory = float(cm.train_memory_bytes(gpu, model, args.dp, args.tp, args.pp, microbatch_tokens=mb, **kw))
     fits = memory <= gpu.hbm_bytes
     seconds = float(est.seconds)
@@ -243,7 +247,7 @@ def train(args: argparse.Namespace) -> int:
     mfu = flops * args.tokens / (seconds * gpus * gpu.bf16_flops)
     obj = {
         "stage": "train", "gpu": gpu.name, "model": model.name, "dp": args.dp, "tp": args.tp, "pp": args.pp,
-        "ep": args.ep, "lora_rank": args.lora_rank, "tokens": args.tokens, "seconds": seconds,
+        "ep": args.ep, "lora_rank": args.lora_rank, "kernels": args.kernels, "tokens": args.tokens, "seconds": seconds,
         "source": str(est.source), "fits": fits,
         "memory_bytes_per_gpu": memory, "max_batch": _max_sequences(cm, gpu, model, args), "mfu": mfu,
         "tokens_per_s": args.tokens / seconds,

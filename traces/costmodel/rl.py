@@ -3,7 +3,8 @@
 One trainer step over a batch: the proximal policy's logprobs (unless the engines returned them:
 `rollout_logprobs`), the reference policy's where the loss has a KL term, then `ppo_minibatches`
 optimizer steps over equal slices of the batch, each in micro-batches of `Workload.microbatch_tokens`
-tokens; a LoRA job (`lora_rank`) trains its adapter alone. A streaming trainer
+tokens; a LoRA job (`lora_rank`) trains its adapter alone; an eager trainer (`trainer_kernels`) streams
+HBM between its GEMMs (costmodel.elementwise). A streaming trainer
 (`Workload.stream_chunks`) runs this over each chunk with its share of the minibatches.
 """
 
@@ -22,13 +23,13 @@ from traces.workload import Workload
 def trainer_step_seconds(
     cm: CostModel, gpu: GpuType, workload: Workload, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, tokens: ArrayLike,
     *, zero_stage: int, recompute: str, gpus_per_node: int, inter_node_bytes_per_s: float, ep: ArrayLike = 1,
-    minibatches: int | None = None, kernels: str = "fused",
+    minibatches: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(logprob seconds, train seconds) of one step over `tokens` tokens (or of one streaming chunk
-    of `minibatches` optimizer steps); vectorised over configs. `kernels`: TrainerGroup.kernels."""
+    of `minibatches` optimizer steps); vectorised over configs."""
     kw = {"seq_len": workload.mean_tokens_per_sample, "microbatch_tokens": workload.microbatch_tokens,
           "zero_stage": zero_stage, "gpus_per_node": gpus_per_node, "inter_node_bytes_per_s": inter_node_bytes_per_s,
-          "ep": ep, "kernels": kernels}
+          "ep": ep, "kernels": workload.trainer_kernels}
     # the old policy's logprobs (recomputed unless the engines returned them) and the reference's
     passes = (0 if workload.rollout_logprobs else 1) + (1 if workload.kl_reference else 0)
     m = workload.ppo_minibatches if minibatches is None else minibatches
