@@ -4,6 +4,8 @@ to AReaL and verl in their own config fields, and refused by the runtime in one 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -158,3 +160,18 @@ def test_costs_prices_a_lora_step_and_refuses_a_bad_rank_in_one_line(cli) -> Non
     for bad, named in (("-3", "--lora-rank -3"), ("8192", "--lora-rank 8192")):
         res = cli(*args, "--lora-rank", bad)
         assert res.code == 2 and named in res.err and res.err.count("\n") == 1
+
+
+def test_plan_names_a_lora_trainer_and_plans_it_cheaper(cli, write) -> None:  # type: ignore[no-untyped-def]
+    """The planner prices the LoRA trainer (traces.costmodel.rl reads the workload): the trainer line says
+    so, and the MILP's rate for the same job is at least full fine-tuning's (its trainer is only faster)."""
+    text = Path("traces/data/workloads/qwen2.5-1.5b-math-short.yaml").read_text(encoding="utf-8")
+    lora = write("lora.yaml", text + "\nlora_rank: 8\n")
+    base = ["plan", "--cluster", "traces/data/clusters/h800-h20-l40s-4node.yaml", "--no-baselines",
+            "--no-settle", "--no-marginal", "--sim-steps", "4"]
+    res = cli(*base, "--workload", str(lora))
+    assert res.code == 0, res.err
+    assert "LoRA rank 8" in next(line for line in res.out.splitlines() if line.strip().startswith("trainer"))
+    full = cli(*base, "--workload", "traces/data/workloads/qwen2.5-1.5b-math-short.yaml", "--json").json()
+    mine = cli(*base, "--workload", str(lora), "--json").json()
+    assert mine["analytic_samples_per_s"] >= full["analytic_samples_per_s"] * (1 - 1e-9)

@@ -18,7 +18,7 @@ from planner.commands.args import (
     positive_int,
 )
 from planner.exports import summary, summary_lines
-from traces import SpecError, load_cluster, load_workload
+from traces import SpecError, Workload, load_cluster, load_workload
 from traces.io import check_target
 from traces.records import recommended_steps
 
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         report.plan.save(args.out)
     result = {**report.summary(), "exports": summary(report.plan, cluster, workload),
                "plan": report.plan.model_dump(mode="json")}
-    emit(result, args.json, _lines(report, result, args))
+    emit(result, args.json, _lines(report, result, args, workload))
     return 0
 
 
@@ -111,7 +111,14 @@ def _nodes(nodes: tuple[int, ...]) -> str:
     return f" (node {nodes[0]})" if len(nodes) == 1 else f" (nodes {nodes[0]}-{nodes[-1]})"
 
 
-def _lines(report: Any, summary: dict[str, Any], args: argparse.Namespace) -> list[str]:
+def _trained(workload: Workload) -> str:
+    """What the trainer trains and how it runs, where not the defaults (full weights, fused kernels)."""
+    parts = ([f"LoRA rank {workload.lora_rank}"] if workload.lora_rank else []) + (
+        ["eager kernels"] if workload.trainer_kernels == "eager" else [])
+    return f", {', '.join(parts)}" if parts else ""
+
+
+def _lines(report: Any, summary: dict[str, Any], args: argparse.Namespace, workload: Workload) -> list[str]:
     plan, s = report.plan, report.chosen.solution
     t = plan.trainer
     lines = [f"plan for {plan.workload or 'workload'} on {plan.cluster or 'cluster'}: {plan.mode}"
@@ -121,7 +128,7 @@ def _lines(report: Any, summary: dict[str, Any], args: argparse.Namespace) -> li
         lines.append(f"  rollout   {g.instances} x {g.gpu_type} TP{g.tp}{ep} engines{_nodes(g.nodes)}")
     ep = f" ep{t.ep}" if t.ep > 1 else ""
     lines.append(f"  trainer   {t.gpus} {t.gpu_type}: dp{t.dp} tp{t.tp} pp{t.pp}{ep}, ZeRO-{t.zero_stage}, "
-                 f"{t.recompute} recompute{_nodes(t.nodes)}")
+                 f"{t.recompute} recompute{_trained(workload)}{_nodes(t.nodes)}")
     bound = f"(LP bound {s.lp_bound:.2f}, gap {s.gap:.2%})"
     sim = report.chosen.simulated
     if sim is not None:
