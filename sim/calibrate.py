@@ -110,5 +110,6 @@ def profile_rows(cal: Calibration, cluster: Cluster, workload: Workload, plan: P
         rows.append((gpu.name, "sync", 1, 1, 1, k, 0, 0,
                      float(cm.sync(gpu, model, k, path, workload.lora_rank).seconds)))
     # a LoRA run's train and sync rows are filed apart from full fine-tuning of the model (traces.lora.table_name)
-    name = {"train": table_name(model, workload.lora_rank), "sync": table_name(model, workload.lora_rank)}
-    return pd.DataFrame([(r[0], name.get(r[1], model.name), *r[1:], source) for r in rows], columns=list(COLUMNS))
+    lora = table_name(model, workload.lora_rank)
+    return pd.DataFrame([(r[0], lora if r[1] in ("train", "sync") else model.name, *r[1:], source) for r in rows],
+                        columns=list(COLUMNS))

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from traces import CostModel, get_gpu, get_model
+from traces import Cluster, CostModel, Plan, Workload, get_gpu, get_model
 from traces.calibration import CalibrationRow
 from traces.costmodel.engine_kinds import engine_efficiency
 from traces.costmodel.fit import Case
@@ -174,6 +174,7 @@ def _train(row: CalibrationRow, model: ModelSpec, gpu: GpuType) -> Callable[[Cos
     mbs = lay.pop("mbs", 1)  # sequences per micro-batch where the source gives it (Megatron-Bridge's MBS)
     recompute = "full" if "full recompute" in row.layout else "none" if "no recompute" in row.layout else "selective"
     lora = re.search(r"\bLoRA r(\d+)", row.layout)  # a rank-r adapter trains, the base is frozen (traces.lora)
+    lora_rank = int(lora.group(1)) if lora else 0
     forward = "forward only" in row.layout  # the step's forward pass timed alone (TRL's perf/fwd_s)
     kw = {"seq_len": seq, "microbatch_tokens": lay.pop("mbt", seq * mbs), "zero_stage": zero, "recompute": recompute,
           "kernels": "eager" if row.source_key in EAGER_TRAINERS else "fused",
@@ -188,14 +189,14 @@ def _train(row: CalibrationRow, model: ModelSpec, gpu: GpuType) -> Callable[[Cos
     # wait) replays its launches: no fixed cost per MoE layer (Efficiency.moe_layer_overhead_s).
     graphs = "CUDA graphs" in row.engine
 
+    forward_kw = {k: v for k, v in kw.items() if k not in ("recompute", "virtual_stages")}
+
     def seconds(cm: CostModel) -> float:
         if graphs:
             cm = replace(cm, efficiency=replace(cm.efficiency, moe_layer_overhead_s=0.0))
         if forward:
-            fw = {k: v for k, v in kw.items() if k not in ("recompute", "virtual_stages")}
-            return float(cm.logprob(gpu, model, dp, tp, pp, tokens, ep=ep, **fw).seconds)
-        return float(cm.train(gpu, model, dp, tp, pp, tokens, ep=ep, lora_rank=int(lora.group(1)) if lora else 0,
-                              **kw).seconds)
+            return float(cm.logprob(gpu, model, dp, tp, pp, tokens, ep=ep, **forward_kw).seconds)
+        return float(cm.train(gpu, model, dp, tp, pp, tokens, ep=ep, lora_rank=lora_rank, **kw).seconds)
 
     if row.unit == "mfu":
         flops = float(train_flops_per_token(model, seq)) * tokens
@@ -273,25 +274,31 @@ RUN_STEPS = {"relax-task22-qwen3-0.6b": 48}
 RUN_ENGINE_SHARE = {"verl-7412-qwen3-4b": 0.5, "verl-retool-qwen2.5-32b": 0.9}
 
 
+def load_run(run: str) -> tuple[Cluster, Workload, Plan]:
+    """The cluster, workload and plan a written-down run's folder holds (traces/data/runs)."""
+    from importlib import resources
+
+    from traces import load_cluster, load_plan, load_workload
+
+    d = resources.files("traces").joinpath("data", "runs", RUN_DIRS[run])
+    return (load_cluster(str(d / "cluster.yaml")), load_workload(str(d / "workload.yaml")),
+            load_plan(str(d / "plan.json")))
+
+
 def run_phases(run: str, cm: CostModel, kernels: str | None = None) -> dict[str, float]:
     """Mean simulated phases (sim.breakdown.mean_phases) of a written-down run, memoised per cost model;
     `kernels` prices its trainer with other kernels than its workload says (Workload.trainer_kernels)."""
     key = (run, id(cm.tables), cm.efficiency, kernels)
     if key not in _PHASES:
-        from importlib import resources
-
         from sim.breakdown import mean_phases
         from sim.simulate import simulate
-        from traces import load_cluster, load_plan, load_workload
 
-        d = resources.files("traces").joinpath("data", "runs", RUN_DIRS[run])
-        plan, workload = load_plan(str(d / "plan.json")), load_workload(str(d / "workload.yaml"))
+        cluster, workload, plan = load_run(run)
         if kernels is not None:
             workload = workload.model_copy(update={"trainer_kernels": kernels})
         share = RUN_ENGINE_SHARE.get(run, cm.efficiency.engine_memory_fraction)
         run_cm = replace(cm, efficiency=replace(cm.efficiency, engine_memory_fraction=share))
-        r = simulate(load_cluster(str(d / "cluster.yaml")), workload, plan, run_cm,
-                     steps=RUN_STEPS.get(run, _RUN_STEPS), seed=0)
+        r = simulate(cluster, workload, plan, run_cm, steps=RUN_STEPS.get(run, _RUN_STEPS), seed=0)
         _PHASES[key] = mean_phases(r.timeline, plan.staleness)
     return _PHASES[key]
 

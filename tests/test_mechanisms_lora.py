@@ -4,6 +4,7 @@ to AReaL and verl in their own config fields, and refused by the runtime in one 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ from sim.breakdown import mean_phases
 from traces import Cluster, CostModel, Plan, RolloutGroup, SpecError, TrainerGroup, Workload, get_gpu, get_model
 from traces.costmodel import COLUMNS, ProfileTable
 from traces.costmodel.efficiency import DEFAULT_EFFICIENCY
-from traces.costmodel.rl import trainer_fits
+from traces.costmodel.rl import trainer_fits, trainer_step_seconds
 from traces.costmodel.roofline import train_state_bytes
 from traces.io import validate
 from traces.lengths import LengthDist
@@ -112,9 +113,7 @@ def test_the_microbatch_budget_sets_how_many_micro_batches_a_step_takes() -> Non
     assert base.microbatch_tokens == base.max_seq_len
     packed = base.model_copy(update={"train_microbatch_tokens": 8 * base.max_seq_len})
     assert packed.microbatch_tokens == 8 * base.max_seq_len
-    cm = CostModel.roofline_only(DEFAULT_EFFICIENCY.__class__(train_half_tokens=4096))
-    from traces.costmodel.rl import trainer_step_seconds
-
+    cm = CostModel.roofline_only(replace(DEFAULT_EFFICIENCY, train_half_tokens=4096))
     steps = [float(np.sum(trainer_step_seconds(cm, H100, w, 8, 1, 1, 1_000_000, zero_stage=1, recompute="none",
                                                gpus_per_node=8, inter_node_bytes_per_s=50e9)))
              for w in (base, packed)]

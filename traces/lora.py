@@ -38,56 +38,60 @@ def check_lora(model: ModelSpec, rank: int, field: str = "lora_rank", off: str =
                         "a low-rank adapter must be narrower than the layer; lower it")
 
 
-def _linears_per_layer(model: ModelSpec, experts: int) -> list[tuple[int, int]]:
-    """(d_in, d_out) of the adapted projections of one decoder layer with `experts` routed experts."""
+def _attention(model: ModelSpec) -> list[tuple[int, int]]:
     h, q, kv = model.hidden, model.q_dim, model.kv_dim
-    out = [(h, q), (h, kv), (h, kv), (q, h)]
+    return [(h, q), (h, kv), (h, kv), (q, h)]
+
+
+def _dense_mlp(model: ModelSpec) -> list[tuple[int, int]]:
+    h, ff = model.hidden, model.intermediate
+    return [(h, ff), (h, ff), (ff, h)] if model.gated_mlp else [(h, ff), (ff, h)]
+
+
+def _moe_mlp(model: ModelSpec, experts: int) -> list[tuple[int, int]]:
+    """The router and the gate, up and down of `experts` routed experts and the shared ones."""
+    assert model.moe is not None
+    h, ffe = model.hidden, model.moe.expert_intermediate
+    return [(h, model.moe.experts)] + [(h, ffe), (h, ffe), (ffe, h)] * (experts + model.moe.shared_experts)
+
+
+def _layers(model: ModelSpec, experts: int) -> list[tuple[int, list[tuple[int, int]]]]:
+    """(how many layers, their adapted projections as (d_in, d_out)), with `experts` routed experts a layer."""
     if model.moe is None:
-        ff = model.intermediate
-        return out + ([(h, ff), (h, ff), (ff, h)] if model.gated_mlp else [(h, ff), (ff, h)])
-    ffe = model.moe.expert_intermediate
-    per_expert = [(h, ffe), (h, ffe), (ffe, h)]
-    return out + [(h, model.moe.experts)] + per_expert * (experts + model.moe.shared_experts)
+        return [(model.layers, _attention(model) + _dense_mlp(model))]
+    return [(model.moe.dense_layers, _attention(model) + _dense_mlp(model)),
+            (model.moe_layers, _attention(model) + _moe_mlp(model, experts))]
+
+
+def _width(model: ModelSpec, experts: int) -> int:
+    """Sum of d_in + d_out over the adapted projections of all decoder layers."""
+    return sum(n * sum(a + b for a, b in linears) for n, linears in _layers(model, experts))
 
 
 def adapted_linears(model: ModelSpec) -> list[tuple[int, int]]:
-    """(d_in, d_out) of the adapted projections one token passes in a layer (its routed experts only)."""
-    return _linears_per_layer(model, 0 if model.moe is None else model.moe.experts_per_token)
-
-
-def _layer_sum(model: ModelSpec, experts: int) -> int:
-    """Sum of d_in + d_out over the adapted projections of all decoder layers."""
-    def width(linears: list[tuple[int, int]]) -> int:
-        return sum(a + b for a, b in linears)
-
-    if model.moe is None:
-        return model.layers * width(_linears_per_layer(model, 0))
-    ff = model.intermediate
-    dense = width(_linears_per_layer(model, 0)[:4]) + width([(model.hidden, ff)] * 2 + [(ff, model.hidden)])
-    return model.moe.dense_layers * dense + model.moe_layers * width(_linears_per_layer(model, experts))
+    """(d_in, d_out) of the adapted projections one token passes in a (routed) layer."""
+    return _layers(model, 0 if model.moe is None else model.moe.experts_per_token)[-1][1]
 
 
 def adapter_params(model: ModelSpec, rank: int) -> int:
     """Parameters of the whole adapter (every expert's included): r x sum(d_in + d_out)."""
-    if rank <= 0:
-        return 0
-    return rank * _layer_sum(model, 0 if model.moe is None else model.moe.experts)
+    return max(rank, 0) * _width(model, 0 if model.moe is None else model.moe.experts)
 
 
 def active_adapter_params(model: ModelSpec, rank: int) -> int:
     """Adapter parameters one token passes (routed experts: experts_per_token of them): its FLOPs."""
-    if rank <= 0:
-        return 0
-    return rank * _layer_sum(model, 0 if model.moe is None else model.moe.experts_per_token)
+    return max(rank, 0) * _width(model, 0 if model.moe is None else model.moe.experts_per_token)
+
+
+def flops_per_token_change(model: ModelSpec, rank: int) -> float:
+    """What a LoRA step adds to full fine-tuning's FLOPs per token: no weight-gradient GEMMs for the
+    frozen base (-2 P), the adapter's forward and backward (+6 P_a); 0 without LoRA."""
+    return 0.0 if rank <= 0 else -2.0 * model.compute_params + 6.0 * active_adapter_params(model, rank)
 
 
 def adapter_tensors(model: ModelSpec) -> int:
     """Named tensors of the adapter (A and B per adapted projection): a latency each in weight sync."""
-    experts = 0 if model.moe is None else model.moe.experts
-    if model.moe is None:
-        return 2 * model.layers * len(_linears_per_layer(model, 0))
-    dense = 4 + 3
-    return 2 * (model.moe.dense_layers * dense + model.moe_layers * len(_linears_per_layer(model, experts)))
+    return 2 * sum(n * len(linears) for n, linears in _layers(model, 0 if model.moe is None else model.moe.experts))
 
 
 def adapter_bytes(model: ModelSpec, rank: int) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -19,6 +19,9 @@ from traces.lora import check_lora
 from traces.models import ModelSpec, resolve_model
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+# How a trainer runs the model (traces/costmodel/elementwise.py): the field's values, for the CLI too
+TrainerKernels = Literal["fused", "eager"]
+TRAINER_KERNELS: tuple[str, ...] = get_args(TrainerKernels)
 
 
 class DynamicSampling(BaseModel):
@@ -76,7 +79,7 @@ class Workload(BaseModel):
         default=None, ge=1, le=100_000_000, description="tokens a trainer GPU packs into one micro-batch "
         "(verl's ppo_max_token_len_per_gpu with use_dynamic_bsz, Relax's --max-tokens-per-gpu, TRL's token_budget); "
         "at least the longest sequence. None: one longest sequence per micro-batch")
-    trainer_kernels: Literal["fused", "eager"] = Field(
+    trainer_kernels: TrainerKernels = Field(
         default="fused", description="how the trainer runs the model: 'fused' (Megatron-Core with Transformer "
         "Engine) or 'eager' (Hugging Face modules op by op, as verl's FSDP workers and TRL do: the traffic of the "
         "ops between GEMMs adds, traces/costmodel/elementwise.py)")

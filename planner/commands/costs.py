@@ -17,8 +17,9 @@ from traces import CostModel, GpuType, ModelSpec, SpecError, get_model, load_clu
 from traces.cluster import DEFAULT_INTER_NODE_GB_PER_S, MAX_GB_PER_S, MIN_GB_PER_S
 from traces.costmodel.roofline import train_flops_per_token
 from traces.hardware import find_gpu, gpu_catalog
-from traces.lora import active_adapter_params, adapter_bytes, check_lora
+from traces.lora import adapter_bytes, check_lora, flops_per_token_change
 from traces.plan_check import ep_shards
+from traces.workload import TRAINER_KERNELS
 
 NODE_TP = (1, 2, 4, 8)
 
@@ -69,7 +70,7 @@ def register(sub: Any) -> None:
     t.add_argument("--gpus-per-node", type=positive_int, default=8)
     t.add_argument("--inter-node-gb-per-s", type=gb_per_s, default=DEFAULT_INTER_NODE_GB_PER_S,
                    help="per-GPU network bandwidth between nodes, GB/s")
-    t.add_argument("--kernels", choices=("fused", "eager"), default="fused",
+    t.add_argument("--kernels", choices=TRAINER_KERNELS, default="fused",
                    help="fused: Megatron-Core with Transformer Engine (default); eager: Hugging Face modules op by "
                         "op, as verl's FSDP workers and TRL run them (the traffic between GEMMs adds)")
     _lora_arg(t)
@@ -241,9 +242,7 @@ def train(args: argparse.Namespace) -> int:
     seconds = float(est.seconds)
     gpus = args.dp * args.tp * args.pp
     # model FLOPs per token (6 P + attention); a LoRA step does no weight-gradient GEMMs for the base (traces.lora)
-    flops = float(train_flops_per_token(model, args.seq_len))
-    if args.lora_rank:
-        flops += -2.0 * model.compute_params + 6.0 * active_adapter_params(model, args.lora_rank)
+    flops = float(train_flops_per_token(model, args.seq_len)) + flops_per_token_change(model, args.lora_rank)
     mfu = flops * args.tokens / (seconds * gpus * gpu.bf16_flops)
     obj = {
         "stage": "train", "gpu": gpu.name, "model": model.name, "dp": args.dp, "tp": args.tp, "pp": args.pp,

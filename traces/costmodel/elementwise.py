@@ -30,7 +30,6 @@ from __future__ import annotations
 from traces.lora import adapted_linears
 from traces.models import ModelSpec
 
-KERNELS = ("fused", "eager")
 BACKWARD_PER_FORWARD = 2.0  # an elementwise op's backward streams about twice its forward bytes
 LOSS_PASSES = 3  # reads of the fp32 logits per token: max, exp-sum, the selected log-probability
 

@@ -221,9 +221,8 @@ class CostModel:
 
         # a LoRA step is measured apart from full fine-tuning of the same model (traces.lora.table_name);
         # measured rows are the trainer's own: its kernels are in them, so they price either kind alike
-        name = table_name(model, lora_rank) if stage == "train" else model.name
         return self._blend(stage, gpu, model, {"dp": dp, "tp": tp, "pp": pp, "ep": ep}, {"tokens": tokens}, roof,
-                           table_model=name)
+                           table_model=table_name(model, lora_rank))
 
     def _blend(
         self, stage: str, gpu: GpuType, model: ModelSpec, keys: dict[str, ArrayLike], axes: dict[str, ArrayLike],

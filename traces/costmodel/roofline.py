@@ -31,7 +31,7 @@ from traces.costmodel.experts import (
 )
 from traces.costmodel.pipeline import stage_imbalance
 from traces.hardware import GpuType
-from traces.lora import active_adapter_params, adapter_bytes, adapter_params, adapter_tensors
+from traces.lora import adapter_bytes, adapter_params, adapter_tensors, flops_per_token_change
 from traces.models import ModelSpec
 from traces.moe import attention_replicas
 
@@ -235,7 +235,7 @@ def train_seconds(
     else:
         per_token = train_flops_per_token(model, s) + _recompute_flops_per_token(model, s, recompute)
     if lora:  # no weight-gradient GEMMs for the frozen base; the adapter's forward and backward are its own
-        per_token = per_token - 2.0 * model.compute_params + 6.0 * active_adapter_params(model, lora_rank)
+        per_token = per_token + flops_per_token_change(model, lora_rank)
     # routed experts run below the dense matmul rate (Efficiency.expert_matmul): their extra time as FLOPs
     matmul_passes = 1.0 if forward_only else (2.0 if lora else 3.0) + (1.0 if recompute == "full" else 0.0)
     per_token = per_token + routed_flops_per_token(model, matmul_passes) * (1 / expert_train_matmul(eff) - 1)
