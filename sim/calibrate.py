@@ -87,29 +87,33 @@ def profile_rows(cal: Calibration, cluster: Cluster, workload: Workload, plan: P
         for b in batches:
             for ctx in contexts:
                 rows.append((gpu.name, "decode", g.tp, 1, 1, int(b), int(ctx), 0,
-                             float(cm.decode(gpu, model, g.tp, int(b), int(ctx)).seconds)))
+                             float(cm.decode(gpu, model, g.tp, int(b), int(ctx)).seconds), model.name))
         for tokens in np.unique(np.geomspace(1, 64 * longest, 16).astype(int)):
             ctx = min(int(tokens), int(workload.prompt_len.expected()) or 1)
             rows.append((gpu.name, "prefill", g.tp, 1, 1, 1, ctx, int(tokens),
-                         float(cm.prefill(gpu, model, g.tp, int(tokens), ctx).seconds)))
+                         float(cm.prefill(gpu, model, g.tp, int(tokens), ctx).seconds), model.name))
     t = plan.trainer
     gpu = cluster.resolve(t.gpu_type)
     batch_tokens = workload.samples_per_step * workload.mean_tokens_per_sample
     kw = {"seq_len": workload.mean_tokens_per_sample, "microbatch_tokens": workload.microbatch_tokens,
           "zero_stage": t.zero_stage, "kernels": workload.trainer_kernels,
           **trainer_network(cluster, plan)}  # as the simulator prices the trainer (traces.costmodel.rl)
+    # a LoRA run's train, sync and policy logprob rows are filed apart from the base model's
+    # (traces.lora.table_name); its reference pass is the base's
+    rank = workload.lora_rank
+    lora = table_name(model, rank)
     for tokens in np.unique(np.geomspace(max(1.0, batch_tokens / 64), batch_tokens * 4, 12).astype(int)):
         rows.append((gpu.name, "train", t.tp, t.pp, t.dp, 1, 0, int(tokens),
                      float(cm.train(gpu, model, t.dp, t.tp, t.pp, int(tokens), recompute=t.recompute,
-                                    lora_rank=workload.lora_rank, **kw).seconds)))
-        rows.append((gpu.name, "logprob", t.tp, t.pp, t.dp, 1, 0, int(tokens),
-                     float(cm.logprob(gpu, model, t.dp, t.tp, t.pp, int(tokens), **kw).seconds)))
+                                    lora_rank=rank, **kw).seconds), lora))
+        for r in dict.fromkeys((rank, 0)):
+            rows.append((gpu.name, "logprob", t.tp, t.pp, t.dp, 1, 0, int(tokens),
+                         float(cm.logprob(gpu, model, t.dp, t.tp, t.pp, int(tokens), lora_rank=r, **kw).seconds),
+                         table_name(model, r)))
     engines = sum(g.instances for g in plan.rollout)
     path = sync_path_bytes_per_s(cluster, plan)
     for k in sorted({1, max(1, engines // 2), engines, engines * 2}):
-        rows.append((gpu.name, "sync", 1, 1, 1, k, 0, 0,
-                     float(cm.sync(gpu, model, k, path, workload.lora_rank).seconds)))
-    # a LoRA run's train and sync rows are filed apart from full fine-tuning of the model (traces.lora.table_name)
-    lora = table_name(model, workload.lora_rank)
-    return pd.DataFrame([(r[0], lora if r[1] in ("train", "sync") else model.name, *r[1:], source) for r in rows],
+        rows.append((gpu.name, "sync", 1, 1, 1, k, 0, 0, float(cm.sync(gpu, model, k, path, rank).seconds), lora))
+    # each row is built as (gpu, stage, tp, pp, dp, batch, context, tokens, seconds, table name)
+    return pd.DataFrame([(r[0], r[9], *r[1:9], source) for r in rows],
                         columns=list(COLUMNS))

@@ -195,7 +195,7 @@ def _train(row: CalibrationRow, model: ModelSpec, gpu: GpuType) -> Callable[[Cos
         if graphs:
             cm = replace(cm, efficiency=replace(cm.efficiency, moe_layer_overhead_s=0.0))
         if forward:
-            return float(cm.logprob(gpu, model, dp, tp, pp, tokens, ep=ep, **forward_kw).seconds)
+            return float(cm.logprob(gpu, model, dp, tp, pp, tokens, ep=ep, lora_rank=lora_rank, **forward_kw).seconds)
         return float(cm.train(gpu, model, dp, tp, pp, tokens, ep=ep, lora_rank=lora_rank, **kw).seconds)
 
     if row.unit == "mfu":

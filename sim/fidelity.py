@@ -88,7 +88,7 @@ def stage_sources(cm: CostModel, record: RunRecord) -> dict[str, str]:
     estimates = {
         "prefill": cm.prefill(engine, w.model, plan.rollout[0].tp, prompt * w.group_size, prompt),
         "decode": cm.decode(engine, w.model, plan.rollout[0].tp, w.group_size, prompt + w.response_len.expected()),
-        "logprob": cm.logprob(trainer, w.model, t.dp, t.tp, t.pp, tokens),
+        "logprob": cm.logprob(trainer, w.model, t.dp, t.tp, t.pp, tokens, lora_rank=w.lora_rank),
         "train": cm.train(trainer, w.model, t.dp, t.tp, t.pp, tokens / w.ppo_minibatches, lora_rank=w.lora_rank),
         "sync": cm.sync(trainer, w.model, sum(g.instances for g in plan.rollout), 1e9, w.lora_rank),
     }

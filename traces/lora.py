@@ -83,10 +83,15 @@ def active_adapter_params(model: ModelSpec, rank: int) -> int:
     return max(rank, 0) * _width(model, 0 if model.moe is None else model.moe.experts_per_token)
 
 
-def flops_per_token_change(model: ModelSpec, rank: int) -> float:
+def flops_per_token_change(model: ModelSpec, rank: int, *, forward_only: bool = False) -> float:
     """What a LoRA step adds to full fine-tuning's FLOPs per token: no weight-gradient GEMMs for the
-    frozen base (-2 P), the adapter's forward and backward (+6 P_a); 0 without LoRA."""
-    return 0.0 if rank <= 0 else -2.0 * model.compute_params + 6.0 * active_adapter_params(model, rank)
+    frozen base (-2 P), the adapter's forward and backward (+6 P_a); a forward pass of the adapted
+    model (the old policy's logprobs) adds the adapter's forward (+2 P_a); 0 without LoRA."""
+    if rank <= 0:
+        return 0.0
+    if forward_only:
+        return 2.0 * active_adapter_params(model, rank)
+    return -2.0 * model.compute_params + 6.0 * active_adapter_params(model, rank)
 
 
 def adapter_tensors(model: ModelSpec) -> int:

@@ -117,12 +117,13 @@ class CostModel:
         self, gpu: GpuType, model: ModelSpec, dp: ArrayLike, tp: ArrayLike, pp: ArrayLike, tokens: ArrayLike,
         *, seq_len: ArrayLike = 4096, microbatch_tokens: ArrayLike | None = None, zero_stage: int = 3,
         gpus_per_node: int = 8, inter_node_bytes_per_s: float = 50e9, ep: ArrayLike = 1,
-        last_stage_layers: ArrayLike | None = None, kernels: str = "fused",
+        last_stage_layers: ArrayLike | None = None, kernels: str = "fused", lora_rank: int = 0,
     ) -> Estimate:
-        """Seconds of the forward-only logprob recompute pass over `tokens` tokens."""
+        """Seconds of the forward-only logprob recompute pass over `tokens` tokens; `lora_rank` > 0: of
+        the adapted policy (the reference pass of a LoRA job is the base's, lora_rank 0)."""
         return self._train_like("logprob", gpu, model, dp, tp, pp, tokens, seq_len, microbatch_tokens,
                                 zero_stage, "none", 1, gpus_per_node, inter_node_bytes_per_s, ep, last_stage_layers,
-                                kernels=kernels)
+                                lora_rank, kernels)
 
     def sync(self, trainer_gpu: GpuType, model: ModelSpec, engines: ArrayLike, path_bytes_per_s: ArrayLike,
              lora_rank: int = 0) -> Estimate:

@@ -30,10 +30,14 @@ def trainer_step_seconds(
     kw = {"seq_len": workload.mean_tokens_per_sample, "microbatch_tokens": workload.microbatch_tokens,
           "zero_stage": zero_stage, "gpus_per_node": gpus_per_node, "inter_node_bytes_per_s": inter_node_bytes_per_s,
           "ep": ep, "kernels": workload.trainer_kernels}
-    # the old policy's logprobs (recomputed unless the engines returned them) and the reference's
-    passes = (0 if workload.rollout_logprobs else 1) + (1 if workload.kl_reference else 0)
+    # the old policy's logprobs (recomputed unless the engines returned them), with its LoRA adapter if
+    # it trains one, and the reference's: the base model alone
+    old = 0 if workload.rollout_logprobs else 1
+    ref = 1 if workload.kl_reference else 0
     m = workload.ppo_minibatches if minibatches is None else minibatches
-    logprob = passes * cm.logprob(gpu, workload.model, dp, tp, pp, tokens, **kw).seconds
+    logprob = old * cm.logprob(gpu, workload.model, dp, tp, pp, tokens, lora_rank=workload.lora_rank, **kw).seconds
+    if ref:
+        logprob = logprob + cm.logprob(gpu, workload.model, dp, tp, pp, tokens, **kw).seconds
     train = m * cm.train(gpu, workload.model, dp, tp, pp, np.asarray(tokens, float) / m, recompute=recompute,
                          lora_rank=workload.lora_rank, **kw).seconds
     return logprob, train

@@ -223,7 +223,8 @@ def train_seconds(
         with EP the expert part is 2(edp-1)/edp W_experts/(ep pp) over edp = dp tp / ep ranks.
     EP: the all-to-alls of experts.train_alltoall_seconds, exposed.
     LoRA (`lora_rank` > 0, traces.lora): the frozen base has no weight-gradient pass and no gradients
-    to reduce (ZeRO-3 still gathers it for the forward and the backward); the adapter adds its own.
+    to reduce (ZeRO-3 still gathers it for the forward and the backward); the adapter adds its own; a
+    forward pass (forward_only) runs the adapter too.
     `kernels` 'eager': the HBM traffic of the ops outside the GEMMs (costmodel.elementwise) adds to compute.
     """
     d, t, p, n = _f(dp), _f(tp), _f(pp), _f(tokens)
@@ -234,8 +235,8 @@ def train_seconds(
         per_token = 2.0 * model.compute_params + 4.0 * model.layers * s * model.attn_dim
     else:
         per_token = train_flops_per_token(model, s) + _recompute_flops_per_token(model, s, recompute)
-    if lora:  # no weight-gradient GEMMs for the frozen base; the adapter's forward and backward are its own
-        per_token = per_token + flops_per_token_change(model, lora_rank)
+    # LoRA: no weight-gradient GEMMs for the frozen base; the adapter's forward (and backward) are its own
+    per_token = per_token + flops_per_token_change(model, lora_rank, forward_only=forward_only)
     # routed experts run below the dense matmul rate (Efficiency.expert_matmul): their extra time as FLOPs
     matmul_passes = 1.0 if forward_only else (2.0 if lora else 3.0) + (1.0 if recompute == "full" else 0.0)
     per_token = per_token + routed_flops_per_token(model, matmul_passes) * (1 / expert_train_matmul(eff) - 1)
@@ -249,7 +250,7 @@ def train_seconds(
     compute = compute + microbatches * matmul_passes * (model.moe_layers / p) * eff.moe_layer_overhead_s
     # an eager trainer's norms, activations and loss head stream HBM between the GEMMs (costmodel.elementwise)
     elementwise = pass_bytes_per_token(model, kernels, forward_only=forward_only, recompute=recompute,
-                                       lora_rank=lora_rank if lora else 0)
+                                       lora_rank=lora_rank)
     compute = compute + elementwise * n / (gpus * gpu.hbm_bytes_per_s * _memory_eff(gpu, eff))
     compute = compute * (1 + (p - 1) / (microbatches * virtual_stages))
 
