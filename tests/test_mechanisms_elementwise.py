@@ -30,6 +30,22 @@ def test_the_count_is_the_decoder_layers_ops_and_the_loss_head() -> None:
     assert forward_bytes_per_token(m, lora_rank=1) > 1.5 * forward_bytes_per_token(m)  # LoRA's own path
 
 
+def test_an_moe_models_dense_layers_are_counted_at_the_dense_width() -> None:
+    """Qwen3-30B-A3B with its first 4 layers made dense (intermediate 6144; a routed layer's token passes
+    8 experts of 768, 6144 too): the activations do not change, but a LoRA adapter on those layers adapts
+    one dense gate/up/down (2 x 2048 -> 6144, 6144 -> 2048) where a routed layer adapts the router and
+    8 experts' (2 x 2048 -> 768, 768 -> 2048): 2 d_in + 12 d_out each."""
+    m = get_model("qwen3-30b-a3b")
+    assert m.moe is not None
+    dense4 = m.model_copy(update={"moe": m.moe.model_copy(update={"dense_layers": 4})})
+    h, ff, ffe, k, experts = m.hidden, m.intermediate, m.moe.expert_intermediate, 8, m.moe.experts
+    assert forward_bytes_per_token(dense4) == forward_bytes_per_token(m)
+    dense_mlp = 2 * (2 * h + 12 * ff) + (2 * ff + 12 * h)
+    routed_mlp = (2 * h + 12 * experts) + k * (2 * (2 * h + 12 * ffe) + (2 * ffe + 12 * h))
+    lora = forward_bytes_per_token(dense4, lora_rank=1) - forward_bytes_per_token(m, lora_rank=1)
+    assert lora == pytest.approx(4 * (dense_mlp - routed_mlp))
+
+
 def test_eager_kernels_weigh_most_on_small_models() -> None:
     """The GEMMs grow as hidden^2 and this traffic as hidden: on an H200 an eager forward of 1.5B is
     slowed more than one of 8B, and that more than one of 32B; fused kernels add nothing."""

@@ -68,9 +68,11 @@ def _width(model: ModelSpec, experts: int) -> int:
     return sum(n * sum(a + b for a, b in linears) for n, linears in _layers(model, experts))
 
 
-def adapted_linears(model: ModelSpec) -> list[tuple[int, int]]:
-    """(d_in, d_out) of the adapted projections one token passes in a (routed) layer."""
-    return _layers(model, 0 if model.moe is None else model.moe.experts_per_token)[-1][1]
+def adapted_linears(model: ModelSpec) -> list[tuple[int, list[tuple[int, int]]]]:
+    """(how many layers, the (d_in, d_out) of the adapted projections one token passes in each): the
+    dense layers' and, in an MoE model, the routed layers' with their experts_per_token experts."""
+    return [(n, linears) for n, linears in _layers(model, 0 if model.moe is None else model.moe.experts_per_token)
+            if n > 0]
 
 
 def adapter_params(model: ModelSpec, rank: int) -> int:

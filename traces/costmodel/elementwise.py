@@ -36,17 +36,20 @@ LOSS_PASSES = 3  # reads of the fp32 logits per token: max, exp-sum, the selecte
 
 def forward_bytes_per_token(model: ModelSpec, lora_rank: int = 0) -> float:
     """HBM bytes per token of one eager forward pass outside the GEMMs (module docstring)."""
-    h, ff = model.hidden, model.intermediate
-    if model.moe is not None:  # each token passes experts_per_token routed (and the shared) experts
-        ff = model.moe.expert_intermediate * (model.moe.experts_per_token + model.moe.shared_experts)
+    h = model.hidden
     norms = 2 * 32 * h
     rotary = 22 * (model.q_dim + model.kv_dim)
-    mlp = (10 if model.gated_mlp else 4) * ff
     residual = 12 * h
-    per_layer = norms + rotary + mlp + residual
+    # (layers, the MLP width a token passes): an MoE model's leading dense layers, then its routed ones,
+    # where a token passes experts_per_token routed (and the shared) experts
+    widths = [(model.layers, model.intermediate)] if model.moe is None else [
+        (model.moe.dense_layers, model.intermediate),
+        (model.moe_layers, model.moe.expert_intermediate * (model.moe.experts_per_token + model.moe.shared_experts))]
+    act = 10 if model.gated_mlp else 4
+    total = sum(n * (norms + rotary + act * ff + residual) for n, ff in widths)
     if lora_rank > 0:
-        per_layer += sum(2 * d_in + 12 * d_out for d_in, d_out in adapted_linears(model))
-    return float(model.layers * per_layer + LOSS_PASSES * 4 * model.vocab)
+        total += sum(n * sum(2 * d_in + 12 * d_out for d_in, d_out in linears) for n, linears in adapted_linears(model))
+    return float(total + LOSS_PASSES * 4 * model.vocab)
 
 
 def pass_bytes_per_token(model: ModelSpec, kernels: str, *, forward_only: bool, recompute: str,
