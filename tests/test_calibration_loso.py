@@ -57,7 +57,8 @@ def test_held_out_worst_within_30_percent(judged: list[Judged]) -> None:
 
 
 @pytest.mark.xfail(strict=True, reason="C82-C85, TRL's LoRA trainer on 2 H200 at 3.9-23.5% MFU: framework-bound, "
-                                       "-55% to -93% held out (traces/data/calibration/README.md, tenth session)")
+                                       "-28% to -88% held out, C83 alone within 30% (traces/data/calibration/"
+                                       "README.md, tenth and eleventh sessions)")
 def test_judged_only_rows_within_30_percent(judged: list[Judged]) -> None:
     rows = [j for j in judged if not j.case.fitted]
     assert rows and all(abs(j.held_out_error) <= 0.30 for j in rows), [(j.case.id, j.held_out_error) for j in rows]
