@@ -10,6 +10,8 @@ HBM between its GEMMs (costmodel.elementwise). A streaming trainer
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 from numpy.typing import ArrayLike
 
@@ -31,13 +33,12 @@ def trainer_step_seconds(
           "zero_stage": zero_stage, "gpus_per_node": gpus_per_node, "inter_node_bytes_per_s": inter_node_bytes_per_s,
           "ep": ep, "kernels": workload.trainer_kernels}
     # the old policy's logprobs (recomputed unless the engines returned them), with its LoRA adapter if
-    # it trains one, and the reference's: the base model alone
-    old = 0 if workload.rollout_logprobs else 1
-    ref = 1 if workload.kl_reference else 0
+    # it trains one, and the reference's: the base model alone; passes of the same model are priced once
+    ranks = ([] if workload.rollout_logprobs else [workload.lora_rank]) + ([0] if workload.kl_reference else [])
+    logprob = np.zeros(np.broadcast(*(np.asarray(x) for x in (dp, tp, pp, ep, tokens))).shape)
+    for rank, passes in Counter(ranks).items():
+        logprob = logprob + passes * cm.logprob(gpu, workload.model, dp, tp, pp, tokens, lora_rank=rank, **kw).seconds
     m = workload.ppo_minibatches if minibatches is None else minibatches
-    logprob = old * cm.logprob(gpu, workload.model, dp, tp, pp, tokens, lora_rank=workload.lora_rank, **kw).seconds
-    if ref:
-        logprob = logprob + cm.logprob(gpu, workload.model, dp, tp, pp, tokens, **kw).seconds
     train = m * cm.train(gpu, workload.model, dp, tp, pp, np.asarray(tokens, float) / m, recompute=recompute,
                          lora_rank=workload.lora_rank, **kw).seconds
     return logprob, train
